@@ -1,0 +1,34 @@
+"""jobpulse: make the effort of long-running jobs legible in Redis, in real time.
+
+The public API is exactly what this module re-exports; every other module is private.
+"""
+
+from ._recovery.control import request_cancel as request_cancel
+from ._worker.heartbeat import JobHeartbeat as JobHeartbeat
+from ._worker.heartbeat import heartbeat as heartbeat
+from ._worker.progress import ProgressCell as ProgressCell
+from .errors import InvalidJobId as InvalidJobId
+from .errors import JobBusy as JobBusy
+from .errors import JobCancelled as JobCancelled
+from .errors import JobpulseError as JobpulseError
+from .errors import LeaseLost as LeaseLost
+from .errors import LeaseLostCause as LeaseLostCause
+from .errors import ProtocolError as ProtocolError
+from .errors import StateNotWritten as StateNotWritten
+
+__version__ = "0.1.0"
+
+__all__ = (
+    "InvalidJobId",
+    "JobBusy",
+    "JobCancelled",
+    "JobHeartbeat",
+    "JobpulseError",
+    "LeaseLost",
+    "LeaseLostCause",
+    "ProgressCell",
+    "ProtocolError",
+    "StateNotWritten",
+    "heartbeat",
+    "request_cancel",
+)

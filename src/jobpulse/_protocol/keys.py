@@ -1,0 +1,96 @@
+"""The one place that spells Redis key names.
+
+Every key of one job carries the job id as a Redis Cluster hash tag (``ns:{job_id}:state``),
+so a job's scripts touch a single slot. The running-jobs index is split into ``index_shards``
+sorted sets whose hash tags differ from any job's, so a cluster spreads them over its nodes.
+"""
+
+from __future__ import annotations
+
+import re
+import zlib
+from dataclasses import dataclass
+
+from ..errors import InvalidJobId
+
+__all__ = ["JobKeys", "KeySchema", "check_job_id", "check_namespace"]
+
+_JOB_ID = re.compile(r"[A-Za-z0-9._\-:/]{1,200}")
+_NAMESPACE = re.compile(r"[A-Za-z0-9._\-]{1,64}")
+
+
+def check_job_id(job_id: object) -> str:
+    """Return ``job_id`` when it follows the contract's grammar, else raise InvalidJobId."""
+    if not isinstance(job_id, str) or _JOB_ID.fullmatch(job_id) is None:
+        raise InvalidJobId(
+            f"invalid job id {job_id!r}: expected 1 to 200 characters of A-Z a-z 0-9 . _ - : /"
+        )
+    return job_id
+
+
+def check_namespace(namespace: object) -> str:
+    """Return ``namespace`` when valid (1 to 64 of ``A-Z a-z 0-9 . _ -``), else raise."""
+    if not isinstance(namespace, str) or _NAMESPACE.fullmatch(namespace) is None:
+        raise InvalidJobId(
+            f"invalid namespace {namespace!r}: expected 1 to 64 characters of A-Z a-z 0-9 . _ -"
+        )
+    return namespace
+
+
+@dataclass(frozen=True, slots=True)
+class JobKeys:
+    """The keys of one job, in the order every per-job script takes them as KEYS[1..5]."""
+
+    state: str
+    events: str
+    lease: str
+    alive: str
+    fence: str
+
+    def all(self) -> tuple[str, str, str, str, str]:
+        return (self.state, self.events, self.lease, self.alive, self.fence)
+
+
+@dataclass(frozen=True, slots=True)
+class KeySchema:
+    """Key names for one namespace.
+
+    Args:
+        namespace: the key prefix (default ``"jobpulse"``).
+        index_shards: how many sorted sets the running-jobs index is split into (1 for a single
+            Redis; for a cluster, about the number of masters so the index spreads over them).
+    """
+
+    namespace: str = "jobpulse"
+    index_shards: int = 1
+
+    def __post_init__(self) -> None:
+        check_namespace(self.namespace)
+        if not isinstance(self.index_shards, int) or not 1 <= self.index_shards <= 1024:
+            raise ValueError(f"index_shards must be an int in 1..1024, got {self.index_shards!r}")
+
+    def job(self, job_id: str) -> JobKeys:
+        """The keys of ``job_id`` (validated)."""
+        p = f"{self.namespace}:{{{check_job_id(job_id)}}}:"
+        return JobKeys(p + "state", p + "events", p + "lease", p + "alive", p + "fence")
+
+    def state(self, job_id: str) -> str:
+        return self.job(job_id).state
+
+    def events(self, job_id: str) -> str:
+        return self.job(job_id).events
+
+    def alive(self, job_id: str) -> str:
+        return self.job(job_id).alive
+
+    def index(self, shard: int) -> str:
+        """The running-jobs index shard ``shard`` (a sorted set of job ids scored by deadline)."""
+        # "#" never appears in a job id, so an index key can never collide with a job's keys.
+        return f"{self.namespace}:{{#running:{shard}}}"
+
+    def indexes(self) -> list[str]:
+        return [self.index(s) for s in range(self.index_shards)]
+
+    def index_for(self, job_id: str) -> str:
+        """The index shard that holds ``job_id``."""
+        return self.index(zlib.crc32(job_id.encode()) % self.index_shards)

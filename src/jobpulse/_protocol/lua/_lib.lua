@@ -1,0 +1,77 @@
+--[[ _lib.lua — helpers prepended (at load time, by scripts.py) to the scripts that declare
+  "--! include: _lib". Redis has no Lua include, so the assembled text is what runs and what
+  the tests exercise.
+
+  Every per-job script takes the same five keys:
+    KEYS[1] state hash    KEYS[2] events stream    KEYS[3] lease string
+    KEYS[4] alive string  KEYS[5] fence counter
+]]
+
+-- The dynamic snapshot fields, in the positional order the worker sends them.
+local DYNAMIC = {'done', 'total', 'stage', 'rate', 'eta_s', 'rss_bytes', 'cpu_s', 'loop_lag_ms'}
+
+local function now_ms()
+  local t = redis.call('TIME')
+  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+end
+
+--[[ Is (token, fence) still the owner of the job? Renews the lease when it is.
+  Returns  1  lease held by us, renewed
+           2  lease had expired (or Redis lost it) and nobody claimed the job: re-taken
+           3  as 2, and the snapshot is gone too (a restart lost the data): resend static fields
+          -1  the lease holds another owner's token (taken over)
+          -2  the fence moved past ours, or the job already ended (fenced out)
+]]
+local function owner(token, fence, ttl_ms)
+  local holder = redis.call('GET', KEYS[3])
+  local current = redis.call('GET', KEYS[5])
+  if holder == token then
+    if current and tonumber(current) ~= fence then return -2 end
+    if not current then redis.call('SET', KEYS[5], fence) end
+    redis.call('PEXPIRE', KEYS[3], ttl_ms)
+    return 1
+  end
+  if holder then return -1 end
+  if current and tonumber(current) ~= fence then return -2 end
+  local status = redis.call('HGET', KEYS[1], 'status')
+  if status and status ~= 'RUNNING' then return -2 end
+  redis.call('SET', KEYS[3], token, 'PX', ttl_ms)
+  if not current then redis.call('SET', KEYS[5], fence) end
+  if status then return 2 end
+  return 3
+end
+
+-- HSET the positional dynamic values ARGV[first .. first+7]; progress_ms moves when done does.
+local function write_dynamic(first, now)
+  local args = {}
+  for i, name in ipairs(DYNAMIC) do
+    args[#args + 1] = name
+    args[#args + 1] = ARGV[first + i - 1]
+  end
+  if redis.call('HGET', KEYS[1], 'done') ~= ARGV[first] then
+    args[#args + 1] = 'progress_ms'
+    args[#args + 1] = now
+  end
+  args[#args + 1] = 'heartbeat_ms'
+  args[#args + 1] = now
+  redis.call('HSET', KEYS[1], unpack(args))
+end
+
+-- HSET trailing field/value pairs ARGV[first ..] (static fields resent after a data loss).
+local function write_pairs(first)
+  if #ARGV >= first + 1 then
+    redis.call('HSET', KEYS[1], unpack(ARGV, first, #ARGV))
+  end
+end
+
+-- XADD one checkpoint entry read back from the snapshot.
+local function add_event(maxlen, kind, details, now)
+  local h = redis.call('HMGET', KEYS[1], 'status', 'stage', 'done', 'total', 'seq', 'fence')
+  local entry = {'kind', kind, 'status', h[1] or '', 'stage', h[2] or '', 'done', h[3] or '',
+                 'total', h[4] or '', 'seq', h[5] or '', 'fence', h[6] or '', 'ts_ms', now}
+  if details and details ~= '' then
+    entry[#entry + 1] = 'details'
+    entry[#entry + 1] = details
+  end
+  return redis.call('XADD', KEYS[2], 'MAXLEN', '~', maxlen, '*', unpack(entry))
+end

@@ -1,0 +1,36 @@
+--! include: _lib
+--[[ beat.lua — one heartbeat: renew, snapshot, liveness and (sometimes) a checkpoint entry.
+
+  KEYS[1..5] state, events, lease, alive, fence (see _lib.lua)
+  ARGV[1] owner token   ARGV[2] fence   ARGV[3] ttl ms   ARGV[4] seq
+  ARGV[5] event kind, or '' for no stream entry     ARGV[6] event details JSON or ''
+  ARGV[7] stream MAXLEN
+  ARGV[8..15] done total stage rate eta_s rss_bytes cpu_s loop_lag_ms (positional)
+  ARGV[16..] optional field, value pairs (static fields, resent after a data loss)
+
+  Returns {code, cancel, now_ms, snapshot_seq}
+    code  1 written; 2 written, lease re-taken after it expired; 3 written into an empty
+          snapshot (a restart lost the data): the worker must resend its static fields;
+          0 lease renewed but the snapshot holds a seq >= ours (nothing else written);
+          -1 taken over; -2 fenced out (nothing written in either case)
+    cancel 1 when a cancel was requested for the job
+]]
+local fence = tonumber(ARGV[2])
+local ttl = tonumber(ARGV[3])
+local seq = tonumber(ARGV[4])
+local code = owner(ARGV[1], fence, ttl)
+if code < 0 then return {code, 0, 0, 0} end
+
+local now = now_ms()
+redis.call('SET', KEYS[4], fence, 'PX', ttl)
+local h = redis.call('HMGET', KEYS[1], 'seq', 'cancel')
+local current = tonumber(h[1]) or 0
+local cancel = 0
+if h[2] == '1' then cancel = 1 end
+if seq <= current then return {0, cancel, now, current} end
+
+write_dynamic(8, now)
+write_pairs(16)
+redis.call('HSET', KEYS[1], 'seq', seq, 'status', 'RUNNING', 'fence', fence)
+if ARGV[5] ~= '' then add_event(ARGV[7], ARGV[5], ARGV[6], now) end
+return {code, cancel, now, seq}

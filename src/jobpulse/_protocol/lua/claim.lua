@@ -1,0 +1,37 @@
+--! include: _lib
+--[[ claim.lua — a sweeper claims a stale job, atomically, exactly once.
+
+  KEYS[1..5] state, events, lease, alive, fence (see _lib.lua)
+  ARGV[1] stream MAXLEN   ARGV[2] retention ms   ARGV[3] error text for the LOST snapshot
+
+  A job is stale when its snapshot says RUNNING and both the liveness and the lease keys are
+  gone. The claim bumps the fence (the old worker's writes are refused from now on), writes
+  status LOST and a `stale` stream entry, and gives the snapshot the retention TTL so that a
+  new attempt can still resume from its last checkpoint.
+
+  Returns {1, fence, now_ms, field, value, ...} (the snapshot as it was before the claim),
+          {0} the job is not RUNNING (ended, unknown or expired): drop it from the index,
+          {-1} the job is alive (liveness or lease present): not stale.
+]]
+local h = redis.call('HMGET', KEYS[1], 'status', 'seq', 'fence')
+if h[1] ~= 'RUNNING' then return {0} end
+if redis.call('EXISTS', KEYS[4]) == 1 or redis.call('EXISTS', KEYS[3]) == 1 then return {-1} end
+
+local before = redis.call('HGETALL', KEYS[1])
+local fence = redis.call('INCR', KEYS[5])
+if tonumber(h[3]) and fence <= tonumber(h[3]) then
+  fence = tonumber(h[3]) + 1
+  redis.call('SET', KEYS[5], fence)
+end
+local now = now_ms()
+redis.call('HSET', KEYS[1], 'status', 'LOST', 'fence', fence, 'seq', (tonumber(h[2]) or 0) + 1,
+  'finished_ms', now, 'error', ARGV[3])
+redis.call('HDEL', KEYS[1], 'cancel')
+add_event(ARGV[1], 'stale', '', now)
+local retention = tonumber(ARGV[2])
+redis.call('PEXPIRE', KEYS[1], retention)
+redis.call('PEXPIRE', KEYS[2], retention)
+redis.call('PEXPIRE', KEYS[5], retention)
+local reply = {1, fence, now}
+for i = 1, #before do reply[#reply + 1] = before[i] end
+return reply

@@ -1,0 +1,163 @@
+"""Provision a Redis server for the demo, the tests and the benchmarks.
+
+Order: an explicit URL that answers; else a private ``redis-server`` from PATH on a free port;
+else a Redis container through testcontainers when a Docker engine answers. Whatever is started
+here is stopped by the context manager that started it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+__all__ = ["RedisServer", "free_port", "provision_redis", "redis_answers"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def redis_answers(host: str, port: int, timeout: float = 0.5) -> bool:
+    """True when something at host:port answers PING with PONG."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.sendall(b"PING\r\n")
+            return s.recv(64).startswith(b"+PONG")
+    except OSError:
+        return False
+
+
+class RedisServer:
+    """A private ``redis-server`` process on a free loopback port, with no persistence.
+
+    Tests that stop, restart, flood or reconfigure Redis use one of these, never a shared server.
+
+    Args:
+        port: the port (default: a free one).
+        args: extra ``redis-server`` arguments (e.g. ``["--maxmemory", "2mb"]``).
+    """
+
+    def __init__(self, port: int | None = None, args: list[str] | None = None) -> None:
+        exe = shutil.which("redis-server")
+        if exe is None:
+            raise FileNotFoundError("redis-server is not on PATH")
+        self.exe = exe
+        self.port = port or free_port()
+        self.args = list(args or [])
+        self.dir = tempfile.mkdtemp(prefix="jobpulse-redis-")
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout: float = 10.0) -> RedisServer:
+        """Start (or start again, on the same port, with empty data)."""
+        cmd = [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+               "--appendonly", "no", "--dir", self.dir, "--daemonize", "no",
+               "--loglevel", "warning", *self.args]  # fmt: skip
+        log = Path(self.dir, "redis.log").open("ab")  # noqa: SIM115 - owned by the process
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        log.close()
+        deadline = time.monotonic() + timeout
+        while not redis_answers("127.0.0.1", self.port):
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server did not start on port {self.port}")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        """Kill the server (SIGKILL: no data survives, like a crash without persistence)."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self.proc = None
+
+    def restart(self) -> None:
+        """Kill and start again on the same port; the data is gone."""
+        self.stop()
+        self.start()
+
+    def close(self) -> None:
+        self.stop()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _docker_answers() -> bool:
+    """True when a Docker engine answers ``/_ping`` (only unix-socket engines are probed
+    directly; a ``DOCKER_HOST`` of another kind is asked through the docker package)."""
+    host = os.environ.get("DOCKER_HOST", "unix:///var/run/docker.sock")
+    if host.startswith("unix://"):
+        try:
+            with socket.socket(socket.AF_UNIX) as s:
+                s.settimeout(1.0)
+                s.connect(host.removeprefix("unix://"))
+                s.sendall(b"GET /_ping HTTP/1.0\r\nHost: docker\r\n\r\n")
+                return b"OK" in s.recv(1024)
+        except OSError:
+            return False
+    with contextlib.suppress(Exception):
+        import docker  # type: ignore[import-untyped]
+
+        client = docker.from_env(timeout=2)
+        try:
+            return bool(client.ping())
+        finally:
+            client.close()
+    return False
+
+
+@contextlib.contextmanager
+def provision_redis(url: str | None = None) -> Iterator[tuple[str, str]]:
+    """Yield ``(url, how)`` of a Redis that answers, starting one if needed.
+
+    Args:
+        url: a URL to use when it answers (default: ``REDIS_URL``, if set).
+
+    Raises:
+        RuntimeError: nothing answers and neither redis-server nor Docker is available; the
+            message names both ways.
+    """
+    from urllib.parse import urlparse
+
+    url = url or os.environ.get("REDIS_URL")
+    if url:
+        parsed = urlparse(url)
+        if parsed.scheme not in ("redis", "rediss") or redis_answers(
+            parsed.hostname or "localhost", parsed.port or 6379
+        ):
+            yield url, "given"
+            return
+    if shutil.which("redis-server"):
+        with RedisServer() as server:
+            yield server.url, f"started redis-server on port {server.port}"
+        return
+    if _docker_answers():
+        from testcontainers.redis import RedisContainer  # type: ignore[import-untyped]
+
+        with RedisContainer("redis:7-alpine") as container:
+            host = container.get_container_host_ip()
+            port = container.get_exposed_port(6379)
+            yield f"redis://{host}:{port}/0", "started a Redis container"
+        return
+    raise RuntimeError(
+        "no Redis answers and none could be started: install redis-server "
+        "(apt-get install redis-server) or start a Docker engine, or set REDIS_URL"
+    )

@@ -1,0 +1,1 @@
+"""Recovery and control: the sweeper and remote cancel."""

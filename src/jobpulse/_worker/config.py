@@ -1,0 +1,87 @@
+"""Checked, immutable worker configuration."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+__all__ = ["MAX_ERROR_CHARS", "MAX_STAGE_CHARS", "HeartbeatConfig", "check_stage"]
+
+MAX_STAGE_CHARS = 200
+"""Stage names are 1 to 200 printable characters."""
+
+MAX_ERROR_CHARS = 1000
+"""A FAILED job's ``error`` (``"Type: message"``) is cut to this many characters."""
+
+
+def _positive(name: str, value: object, *, integer: bool = False) -> None:
+    kind = int if integer else (int, float)
+    if isinstance(value, bool) or not isinstance(value, kind):
+        raise TypeError(f"{name} must be {'an int' if integer else 'a number'}, got {value!r}")
+    if not math.isfinite(value) or value <= 0:
+        raise ValueError(f"{name} must be > 0, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HeartbeatConfig:
+    """How a job's heartbeat behaves. Every field is checked on construction.
+
+    Attributes:
+        interval: seconds between beats (> 0).
+        ttl: lease and liveness time in seconds (>= 2 * interval).
+        stream_every: a plain ``beat`` stream entry at most every this many beats (>= 1).
+        maxlen: the events stream is capped with ``MAXLEN ~`` this (>= 1).
+        retention: seconds the snapshot and stream are kept after the end (> 0).
+        max_meta_bytes: size limit of ``meta`` as JSON (> 0).
+        max_details_bytes: size limit of checkpoint details as JSON (> 0).
+        final_timeout: seconds the final write keeps retrying while Redis is unreachable (> 0).
+        index_every: the running-jobs index entry is refreshed every this many beats (>= 1).
+    """
+
+    interval: float = 1.0
+    ttl: float = 6.0
+    stream_every: int = 10
+    maxlen: int = 1000
+    retention: float = 3600.0
+    max_meta_bytes: int = 64 * 1024
+    max_details_bytes: int = 64 * 1024
+    final_timeout: float = 30.0
+    index_every: int = 10
+
+    def __post_init__(self) -> None:
+        _positive("interval", self.interval)
+        _positive("ttl", self.ttl)
+        if self.ttl < 2 * self.interval:
+            raise ValueError(
+                f"ttl must be >= 2 * interval, got ttl={self.ttl} interval={self.interval}"
+            )
+        for name in (
+            "stream_every",
+            "maxlen",
+            "max_meta_bytes",
+            "max_details_bytes",
+            "index_every",
+        ):
+            _positive(name, getattr(self, name), integer=True)
+        _positive("retention", self.retention)
+        _positive("final_timeout", self.final_timeout)
+
+    @property
+    def ttl_ms(self) -> int:
+        return math.ceil(self.ttl * 1000)
+
+    @property
+    def index_horizon(self) -> float:
+        """Seconds an index entry stays ahead of the clock: refresh period plus lease."""
+        return self.index_every * self.interval + self.ttl
+
+
+def check_stage(stage: object) -> str:
+    """Return ``stage`` when it is 1 to 200 printable characters, else raise."""
+    if not isinstance(stage, str):
+        raise TypeError(f"stage must be a str, got {type(stage).__name__}")
+    if not 1 <= len(stage) <= MAX_STAGE_CHARS or not stage.isprintable():
+        raise ValueError(
+            f"stage must be 1 to {MAX_STAGE_CHARS} printable characters, got {stage[:50]!r}"
+        )
+    return stage

@@ -1,0 +1,60 @@
+"""Real Redis for every test that touches Redis.
+
+Where the server comes from: ``REDIS_URL`` if set; else a Redis container through testcontainers
+when a Docker engine answers; else a private ``redis-server`` spawned on a free port. Each test
+gets its own namespace; destructive tests take ``private_redis``, a server of their own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import secrets
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+import redis.asyncio as aioredis
+
+from jobpulse._provision import RedisServer, _docker_answers
+
+
+@pytest.fixture(scope="session")
+def redis_url() -> Iterator[str]:
+    url = os.environ.get("REDIS_URL")
+    if url:
+        yield url
+        return
+    if _docker_answers():
+        from testcontainers.redis import RedisContainer
+
+        with RedisContainer("redis:7-alpine") as c:
+            yield f"redis://{c.get_container_host_ip()}:{c.get_exposed_port(6379)}/0"
+        return
+    with RedisServer() as server:
+        yield server.url
+
+
+@pytest.fixture
+def ns() -> str:
+    """A namespace of this test's own."""
+    return f"t{secrets.token_hex(5)}"
+
+
+@pytest.fixture
+async def redis(redis_url: str, ns: str) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        yield client
+    finally:
+        with contextlib.suppress(Exception):
+            keys = [k async for k in client.scan_iter(match=f"{ns}:*", count=1000)]
+            if keys:
+                await client.delete(*keys)
+        await client.aclose()
+
+
+@pytest.fixture
+def private_redis() -> Iterator[RedisServer]:
+    """A redis-server of this test's own, which the test may stop, restart or reconfigure."""
+    with RedisServer() as server:
+        yield server
