@@ -150,7 +150,7 @@ def provision_redis(url: str | None = None) -> Iterator[tuple[str, str]]:
             yield server.url, f"started redis-server on port {server.port}"
         return
     if _docker_answers():
-        from testcontainers.redis import RedisContainer  # type: ignore[import-untyped]
+        from testcontainers.redis import RedisContainer
 
         with RedisContainer("redis:7-alpine") as container:
             host = container.get_container_host_ip()
