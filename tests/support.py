@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
@@ -22,3 +23,43 @@ async def eventually(
             if value:
                 return value
             await asyncio.sleep(step)
+
+
+class Monitor:
+    """Collects what Redis MONITOR shows, over a raw connection of its own.
+
+    ``commands()`` gives the lowercased name of every top-level command (those a script ran are
+    tagged ``[db lua]`` by Redis and left out). Use as ``async with Monitor(port) as mon:``.
+    """
+
+    def __init__(self, port: int, host: str = "127.0.0.1") -> None:
+        self.host, self.port = host, port
+        self.lines: list[str] = []
+        self._task: asyncio.Task[None] | None = None
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def __aenter__(self) -> Monitor:
+        reader, self._writer = await asyncio.open_connection(self.host, self.port)
+        self._writer.write(b"MONITOR\r\n")
+        assert (await reader.readline()).strip() == b"+OK"
+        self._task = asyncio.create_task(self._collect(reader))
+        return self
+
+    async def _collect(self, reader: asyncio.StreamReader) -> None:
+        while line := await reader.readline():
+            self.lines.append(line.decode(errors="replace"))
+
+    async def __aexit__(self, *exc: object) -> None:
+        assert self._task is not None and self._writer is not None
+        self._task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._task
+        self._writer.close()
+        await self._writer.wait_closed()
+
+    def commands(self) -> list[str]:
+        return [
+            line.split('"')[1].lower()
+            for line in list(self.lines)
+            if " lua]" not in line and '"' in line
+        ]

@@ -129,7 +129,8 @@ def provision_redis(url: str | None = None) -> Iterator[tuple[str, str]]:
     """Yield ``(url, how)`` of a Redis that answers, starting one if needed.
 
     Args:
-        url: a URL to use when it answers (default: ``REDIS_URL``, if set).
+        url: a URL to use when it answers (default: ``REDIS_URL``, else
+            ``redis://localhost:6379/0``).
 
     Raises:
         RuntimeError: nothing answers and neither redis-server nor Docker is available; the
@@ -137,7 +138,7 @@ def provision_redis(url: str | None = None) -> Iterator[tuple[str, str]]:
     """
     from urllib.parse import urlparse
 
-    url = url or os.environ.get("REDIS_URL")
+    url = url or os.environ.get("REDIS_URL") or "redis://localhost:6379/0"
     if url:
         parsed = urlparse(url)
         if parsed.scheme not in ("redis", "rediss") or redis_answers(

@@ -248,7 +248,7 @@ class JobHeartbeat:
         exc_type: type[BaseException] | None,
         exc: BaseException | None,
         tb: TracebackType | None,
-    ) -> bool:
+    ) -> None:
         self._in_body = False
         if self._ticker is not None:
             self._ticker.remove(self)
@@ -261,12 +261,14 @@ class JobHeartbeat:
             not ours or (host is not None and host.cancelling() > 0)
         )
         try:
-            return await self._finish(exc, external_cancel)
+            await self._finish(exc, external_cancel)
         finally:
             self.progress._cancel()
             self.progress._unlink()
 
-    async def _finish(self, exc: BaseException | None, external_cancel: bool) -> bool:
+    async def _finish(self, exc: BaseException | None, external_cancel: bool) -> None:
+        """Write the final state; raise what the ``async with`` must raise (else the body's
+        own exception, if any, propagates unchanged)."""
         cause = self._lease.lost
         if self._crash is not None:
             status, error = "FAILED", _error_text(self._crash)
@@ -300,10 +302,9 @@ class JobHeartbeat:
                 raise StateNotWritten(message)
             exc.add_note(message)
         if external_cancel:
-            return False
+            return
         if self._cancel_requested and (exc is None or isinstance(exc, asyncio.CancelledError)):
             raise JobCancelled(f"job {self.job_id!r} was cancelled on request")
-        return False
 
     async def _final_write(self, status: str, error: str) -> bool:
         """Write the final state, retrying through Redis faults for up to ``final_timeout``.

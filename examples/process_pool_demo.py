@@ -1,0 +1,67 @@
+"""A CPU-heavy job in a process pool, its live progress read back from Redis.
+
+    python examples/process_pool_demo.py [--redis URL] [--items N]
+
+Uses the Redis at ``--redis`` / ``REDIS_URL`` when one answers, else starts a private
+``redis-server`` (or a Docker container) for the run and stops it afterwards.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import multiprocessing
+from concurrent.futures import ProcessPoolExecutor
+
+import redis.asyncio as aioredis
+
+from jobpulse import ProgressCell, heartbeat
+from jobpulse._provision import provision_redis
+
+
+def crunch(cell: ProgressCell, items: int) -> str:
+    """The heavy part: runs in another process, reports progress through shared memory."""
+    digest = b"jobpulse"
+    for _ in range(items):
+        cell.check()  # stops promptly if the job is cancelled or its lease is lost
+        for _ in range(2000):
+            digest = hashlib.sha256(digest).digest()
+        cell.advance()
+    return digest.hex()[:16]
+
+
+async def main(url: str, items: int) -> None:
+    client = aioredis.Redis.from_url(url, decode_responses=True)
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        async with heartbeat(client, "demo-job", total=items, interval=0.5, ttl=3.0) as hb:
+            hb.set_stage("hashing")
+            work = asyncio.get_running_loop().run_in_executor(pool, crunch, hb.progress, items)
+            while not work.done():
+                # What any client sees: one HMGET of the snapshot and the liveness TTL.
+                done, total, rate, rss, stage = await client.hmget(
+                    "jobpulse:{demo-job}:state", "done", "total", "rate", "rss_bytes", "stage"
+                )
+                alive = await client.pttl("jobpulse:{demo-job}:alive")
+                print(
+                    f"{stage:8} {done:>6}/{total} items  {rate or '-':>8} items/s  "
+                    f"rss {int(rss or 0) / 2**20:6.1f} MiB  lease left {alive} ms",
+                    flush=True,
+                )
+                await asyncio.wait({work}, timeout=0.5)
+            print("result", await work)
+        print("final status:", await client.hget("jobpulse:{demo-job}:state", "status"))
+    finally:
+        pool.shutdown()
+        await client.aclose()
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--redis", default=None)
+    parser.add_argument("--items", type=int, default=2000)
+    args = parser.parse_args()
+    with provision_redis(args.redis) as (url, how):
+        print(f"Redis: {url} ({how})")
+        asyncio.run(main(url, args.items))

@@ -1,0 +1,212 @@
+"""The worker core under crashes, restarts, script flushes, stale writes and CPU starvation."""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+from redis.exceptions import RedisError
+
+from jobpulse import heartbeat
+from jobpulse._protocol.keys import KeySchema
+from jobpulse._protocol.scripts import SCRIPTS
+from jobpulse._provision import RedisServer
+from jobpulse._worker.progress import NAME_PREFIX
+
+from ..support import Monitor, eventually
+from . import work
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture
+async def private(private_redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
+    client = aioredis.Redis.from_url(private_redis.url)
+    yield client
+    await client.aclose()
+
+
+def spawn_worker(url: str, ns: str, job: str, ttl: float) -> subprocess.Popen[str]:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "tests.integration.worker_proc", url, ns, job, str(ttl)],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("ready"), line
+    return proc
+
+
+async def test_sigkilled_worker_loses_liveness_while_snapshot_says_running(
+    redis: aioredis.Redis, redis_url: str, ns: str
+) -> None:
+    keys = KeySchema(ns).job("doomed")
+    proc = spawn_worker(redis_url, ns, "doomed", ttl=1.0)
+    try:
+        assert await redis.exists(keys.alive)
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(5)
+        killed_at = time.monotonic()
+        await eventually(lambda: _gone(redis, keys.alive), within=5)
+        assert time.monotonic() - killed_at <= 1.0 + 0.5  # within ttl (plus polling slack)
+        assert await redis.hget(keys.state, "status") == b"RUNNING"
+    finally:
+        proc.kill()
+        proc.wait()
+        assert proc.stdout is not None
+        proc.stdout.close()
+
+
+async def _gone(redis: aioredis.Redis, key: str) -> bool:
+    return not await redis.exists(key)
+
+
+async def test_one_beat_is_one_top_level_command(private_redis: RedisServer) -> None:
+    """MONITOR tags commands run by a script with ``lua``: every other line is a round trip."""
+    client = aioredis.Redis.from_url(private_redis.url)
+    for script in (SCRIPTS.acquire, SCRIPTS.beat, SCRIPTS.finish):
+        await client.script_load(script.text)
+    try:
+        async with Monitor(private_redis.port) as mon:
+            async with heartbeat(client, "one-rt", interval=0.02, ttl=0.5, index_every=10) as hb:
+                await eventually(lambda: _beats(hb, 60), within=20)
+            stats = hb.statistics()
+            # the final write's ZREM is the last top-level command: wait until MONITOR shows it
+            await eventually(lambda: _true("zrem" in mon.commands()), within=10)
+    finally:
+        await client.aclose()
+    names = mon.commands()
+    # one EVALSHA per beat, plus the acquire and the final write
+    assert names.count("evalsha") == stats.beats_sent + 2, (names.count("evalsha"), stats)
+    others = [n for n in names if n not in ("evalsha", "zadd", "zrem")]
+    assert others == [], others
+    # the running-index refresh: one ZADD per 10 beats (plus one at acquire)
+    assert names.count("zadd") <= stats.beats_sent // 10 + 2
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def _beats(hb: object, n: int) -> bool:
+    return hb.statistics().beats_sent >= n  # type: ignore[attr-defined, no-any-return]
+
+
+async def test_snapshot_write_with_an_older_seq_is_refused(redis: aioredis.Redis, ns: str) -> None:
+    keys = KeySchema(ns).job("seq")
+    async with heartbeat(redis, "seq", namespace=ns, interval=30, ttl=60) as hb:
+        token = hb._token
+        await redis.script_load(SCRIPTS.beat.text)
+        seq = int(await redis.hget(keys.state, "seq"))
+        values = ["999", "", "late", "", "", "", "", ""]
+        stale = await redis.evalsha(
+            SCRIPTS.beat.sha, 5, *keys.all(), token, hb.fence, 5000, seq, "", "", 100, *values
+        )
+        assert stale[0] == 0  # seq not newer: nothing written
+        assert await redis.hget(keys.state, "stage") != b"late"
+        fresh = await redis.evalsha(
+            SCRIPTS.beat.sha, 5, *keys.all(), token, hb.fence, 5000, seq + 1, "", "", 100, *values
+        )
+        assert fresh[0] == 1
+        assert await redis.hget(keys.state, "stage") == b"late"
+        hb._seq = seq + 1
+
+
+async def test_restart_with_data_loss_mid_job_still_ends_completed(
+    private_redis: RedisServer, private: aioredis.Redis
+) -> None:
+    keys = KeySchema("jobpulse").job("survivor")
+    async with heartbeat(private, "survivor", interval=0.05, ttl=2.0, meta={"k": 1}) as hb:
+        hb.progress.advance(5)
+        await eventually(lambda: _field(private, keys.state, "done", b"5"))
+        seq_before = int(await private.hget(keys.state, "seq"))
+        private_redis.restart()  # SIGKILL, no persistence: every key is gone
+        hb.progress.advance(5)
+        await eventually(lambda: _field(private, keys.state, "done", b"10"), within=10)
+        await eventually(lambda: _field(private, keys.state, "meta", b'{"k":1}'), within=10)
+        assert await private.get(keys.lease) == hb._token.encode()
+        assert int(await private.hget(keys.state, "seq")) > seq_before  # seq went on
+        assert int(await private.hget(keys.state, "fence")) == hb.fence
+    state = await private.hgetall(keys.state)
+    assert state[b"status"] == b"COMPLETED"
+    assert state[b"done"] == b"10"
+    assert state[b"attempt"] == b"1"
+
+
+async def test_script_flush_mid_job_reloads_transparently(
+    private_redis: RedisServer, private: aioredis.Redis
+) -> None:
+    keys = KeySchema("jobpulse").job("flushed")
+    async with heartbeat(private, "flushed", interval=0.05, ttl=2.0) as hb:
+        await private.script_flush()
+        hb.progress.advance(3)
+        await eventually(lambda: _field(private, keys.state, "done", b"3"))
+        await private.script_flush()
+    assert await private.hget(keys.state, "status") == b"COMPLETED"
+
+
+async def _field(client: aioredis.Redis, key: str, field: str, value: bytes) -> bool:
+    try:
+        return await client.hget(key, field) == value  # type: ignore[no-any-return]
+    except (OSError, RedisError):
+        return False
+
+
+@pytest.fixture
+def burn_both_cores() -> Iterator[None]:
+    procs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(os.cpu_count() or 2)
+    ]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+
+
+@pytest.mark.usefixtures("burn_both_cores")
+async def test_beats_keep_their_interval_while_both_cores_burn(
+    redis: aioredis.Redis, ns: str
+) -> None:
+    keys = KeySchema(ns).job("starved")
+    stamps: list[int] = []
+    async with heartbeat(redis, "starved", namespace=ns, interval=0.2, ttl=2.0):
+        end = time.monotonic() + 3
+        while time.monotonic() < end:
+            stamps.append(int(await redis.hget(keys.state, "heartbeat_ms")))
+            await asyncio.sleep(0.05)
+    beats = sorted(set(stamps))
+    gaps = [b - a for a, b in zip(beats, beats[1:], strict=False)]
+    assert len(beats) >= 8, beats  # ~15 expected at 5 Hz over 3 s
+    assert max(gaps) < 1000, gaps  # loosely: never near the 2 s ttl
+
+
+async def test_no_shared_memory_left_even_when_a_pool_process_was_killed(
+    redis: aioredis.Redis, ns: str
+) -> None:
+    pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"))
+    try:
+        with pytest.raises(Exception, match="terminated abruptly"):
+            async with heartbeat(redis, "killed-pool", namespace=ns, interval=0.05) as hb:
+                name = hb.progress.name
+                assert Path("/dev/shm", name).exists()
+                await asyncio.get_running_loop().run_in_executor(pool, work.kill_self, hb.progress)
+    finally:
+        pool.shutdown()
+    assert name.startswith(NAME_PREFIX)
+    assert not Path("/dev/shm", name).exists()
+    assert await redis.hget(KeySchema(ns).state("killed-pool"), "status") == b"FAILED"

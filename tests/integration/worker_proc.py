@@ -1,0 +1,29 @@
+"""A worker process for crash tests: ``python -m tests.integration.worker_proc URL NS JOB [TTL]``.
+
+Runs one job under a heartbeat (interval ttl/6) that advances a counter forever, prints
+``ready <pid>`` once the lease is held, and is meant to be SIGKILLed or SIGSTOPped by the test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+
+import redis.asyncio as aioredis
+
+from jobpulse import heartbeat
+
+
+async def main(url: str, ns: str, job_id: str, ttl: float) -> None:
+    client = aioredis.Redis.from_url(url)
+    async with heartbeat(client, job_id, namespace=ns, ttl=ttl, interval=ttl / 6) as hb:
+        print(f"ready {os.getpid()}", flush=True)
+        while True:
+            hb.progress.advance()
+            await asyncio.sleep(0.01)
+
+
+if __name__ == "__main__":
+    ttl = float(sys.argv[4]) if len(sys.argv) > 4 else 1.0
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], ttl))

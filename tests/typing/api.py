@@ -1,0 +1,36 @@
+"""User-style code, checked by ``mypy --strict`` (not collected by pytest)."""
+
+from __future__ import annotations
+
+import asyncio
+from concurrent.futures import ProcessPoolExecutor
+
+import redis.asyncio as aioredis
+
+import jobpulse
+from jobpulse import JobHeartbeat, ProgressCell, heartbeat, request_cancel
+
+
+def crunch(cell: ProgressCell, n: int) -> int:
+    for _ in range(n):
+        cell.check()
+        cell.advance()
+    return n
+
+
+async def run_job(client: aioredis.Redis, pool: ProcessPoolExecutor) -> int:
+    hb: JobHeartbeat
+    async with heartbeat(client, "report-1", total=1000, meta={"user": 7}) as hb:
+        hb.set_stage("crunch")
+        result = await asyncio.get_running_loop().run_in_executor(pool, crunch, hb.progress, 1000)
+        await hb.checkpoint(offset=result)
+        fence: int = hb.fence
+        attempt: int = hb.attempt
+        return result + fence + attempt
+
+
+async def cancel(client: aioredis.Redis) -> bool:
+    try:
+        return await request_cancel(client, "report-1", namespace="jobpulse")
+    except jobpulse.InvalidJobId:
+        return False

@@ -1,0 +1,30 @@
+"""The public surface is exactly what ``jobpulse.__all__`` names (anyio's test_all_attributes)."""
+
+from __future__ import annotations
+
+import jobpulse
+
+
+def test_all_names_exist_and_nothing_public_is_unlisted() -> None:
+    exported = set(jobpulse.__all__)
+    assert all(hasattr(jobpulse, name) for name in exported)
+    public = {
+        n for n in vars(jobpulse) if not n.startswith("_") and n not in ("errors", "http", "cli")
+    }
+    assert public == exported
+
+
+def test_contract_names_are_exported() -> None:
+    contract = {
+        "heartbeat", "JobHeartbeat", "ProgressCell", "request_cancel",
+        "JobpulseError", "LeaseLost", "JobBusy", "JobCancelled", "InvalidJobId",
+    }  # fmt: skip
+    assert contract <= set(jobpulse.__all__)
+
+
+def test_every_exception_derives_from_jobpulse_error() -> None:
+    for name in jobpulse.__all__:
+        obj = getattr(jobpulse, name)
+        if isinstance(obj, type) and issubclass(obj, BaseException):
+            assert issubclass(obj, jobpulse.JobpulseError), name
+    assert issubclass(jobpulse.InvalidJobId, ValueError)

@@ -1,0 +1,125 @@
+"""Pure worker logic: lease decisions, rate and ETA, encodings, the progress cell."""
+
+from __future__ import annotations
+
+import pickle
+import threading
+
+import pytest
+
+from jobpulse import JobCancelled, LeaseLostCause, ProgressCell
+from jobpulse._protocol.codec import dump_json, fmt_float, fmt_int
+from jobpulse._worker.lease import BeatOutcome, Lease, classify_beat
+from jobpulse._worker.sampling import RateWindow
+
+
+@pytest.mark.parametrize(
+    ("code", "outcome", "cause"),
+    [
+        (1, BeatOutcome.WRITTEN, None),
+        (2, BeatOutcome.WRITTEN, None),
+        (3, BeatOutcome.RESEND_STATIC, None),
+        (0, BeatOutcome.SEQ_BEHIND, None),
+        (-1, BeatOutcome.LOST, LeaseLostCause.TAKEN_OVER),
+        (-2, BeatOutcome.LOST, LeaseLostCause.FENCED_OUT),
+    ],
+)
+def test_beat_reply_codes(code: int, outcome: BeatOutcome, cause: LeaseLostCause | None) -> None:
+    assert classify_beat(code) == (outcome, cause)
+
+
+def test_lease_expires_by_the_local_clock_counted_from_the_send_time() -> None:
+    lease = Lease(ttl=6.0, renewed_at=100.0)
+    assert not lease.expire_if_due(105.9)
+    lease.renewed(103.0)
+    assert lease.deadline == 109.0
+    lease.renewed(101.0)  # an older reply never moves the deadline back
+    assert lease.deadline == 109.0
+    assert lease.expire_if_due(109.0)
+    assert lease.lost is LeaseLostCause.EXPIRED
+    assert not lease.lose(LeaseLostCause.TAKEN_OVER)  # the first cause wins
+    lease.renewed(200.0)  # a lost lease is never renewed
+    assert lease.lost is LeaseLostCause.EXPIRED
+
+
+def test_rate_and_eta_over_a_sliding_window() -> None:
+    w = RateWindow(window=10.0)
+    assert w.rate() is None
+    for t in range(0, 30):
+        w.add(float(t), t * 5)
+    assert w.rate() == pytest.approx(5.0)
+    assert w.eta(145, 200) == pytest.approx(11.0)
+    assert w.eta(145, None) is None
+    w.add(30.0, 0)  # progress went back (a new attempt): the window restarts
+    assert w.rate() is None
+
+
+def test_encodings_are_plain_decimal_strings() -> None:
+    assert fmt_int(None) == ""
+    assert fmt_int(12) == "12"
+    assert fmt_float(1.23456) == "1.235"
+    assert fmt_float(2.0) == "2"
+    assert fmt_float(float("nan")) == ""
+    assert fmt_float(float("inf")) == ""
+    assert fmt_float(-0.0001) == "0"
+    assert dump_json({"a": [1, "é"]}, limit=100, name="meta") == '{"a":[1,"é"]}'
+
+
+def test_progress_cell_counts_lanes_and_survives_pickling() -> None:
+    cell = ProgressCell(total=10)
+    try:
+        cell.advance()
+        copy = pickle.loads(pickle.dumps(cell))  # what a process pool does
+        copy.advance(4)
+        copy.set_total(20)
+        assert cell.done == 5
+        assert cell.total == 20
+        assert not copy.cancelled
+        cell._cancel()
+        assert copy.cancelled
+        with pytest.raises(JobCancelled):
+            copy.check()
+    finally:
+        cell._unlink()
+
+
+def test_threads_advancing_one_cell_are_counted_exactly() -> None:
+    cell = ProgressCell()
+    try:
+
+        def work() -> None:
+            for _ in range(100_000):
+                cell.advance()
+
+        threads = [threading.Thread(target=work) for _ in range(4)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert cell.done == 400_000
+    finally:
+        cell._unlink()
+
+
+def test_progress_cell_refuses_bad_totals() -> None:
+    with pytest.raises(ValueError, match="total"):
+        ProgressCell(total=-1)
+    cell = ProgressCell()
+    try:
+        with pytest.raises(TypeError, match="total"):
+            cell.set_total(1.5)  # type: ignore[arg-type]
+    finally:
+        cell._unlink()
+
+
+def test_leftover_blocks_of_dead_processes_are_removed(tmp_path: object) -> None:
+    from pathlib import Path
+
+    d = Path(str(tmp_path))
+    (d / "jobpulse_999999999_abc").write_bytes(b"x")  # no such pid
+    import os
+
+    (d / f"jobpulse_{os.getpid()}_def").write_bytes(b"x")  # alive: kept
+    (d / "other_1_x").write_bytes(b"x")
+    assert ProgressCell.remove_leftovers(str(d)) == ["jobpulse_999999999_abc"]
+    assert sorted(p.name for p in d.iterdir()) == [f"jobpulse_{os.getpid()}_def", "other_1_x"]
