@@ -50,7 +50,8 @@ class Monitor:
             self.lines.append(line.decode(errors="replace"))
 
     async def __aexit__(self, *exc: object) -> None:
-        assert self._task is not None and self._writer is not None
+        assert self._task is not None
+        assert self._writer is not None
         self._task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await self._task

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import multiprocessing
 import os
 import signal
@@ -17,7 +18,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
-from jobpulse import heartbeat
+from jobpulse import LeaseLost, LeaseLostCause, heartbeat
 from jobpulse._protocol.keys import KeySchema
 from jobpulse._protocol.scripts import SCRIPTS
 from jobpulse._provision import RedisServer
@@ -190,7 +191,7 @@ async def test_beats_keep_their_interval_while_both_cores_burn(
             stamps.append(int(await redis.hget(keys.state, "heartbeat_ms")))
             await asyncio.sleep(0.05)
     beats = sorted(set(stamps))
-    gaps = [b - a for a, b in zip(beats, beats[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(beats)]
     assert len(beats) >= 8, beats  # ~15 expected at 5 Hz over 3 s
     assert max(gaps) < 1000, gaps  # loosely: never near the 2 s ttl
 
@@ -210,3 +211,43 @@ async def test_no_shared_memory_left_even_when_a_pool_process_was_killed(
     assert name.startswith(NAME_PREFIX)
     assert not Path("/dev/shm", name).exists()
     assert await redis.hget(KeySchema(ns).state("killed-pool"), "status") == b"FAILED"
+
+
+async def test_redis_frozen_shorter_than_ttl_the_job_goes_on(
+    private_redis: RedisServer, private: aioredis.Redis
+) -> None:
+    keys = KeySchema("jobpulse").job("hiccup")
+    async with heartbeat(private, "hiccup", interval=0.1, ttl=3.0) as hb:
+        assert private_redis.proc is not None
+        private_redis.proc.send_signal(signal.SIGSTOP)  # blackhole: connections open, no bytes
+        await asyncio.sleep(1.0)
+        private_redis.proc.send_signal(signal.SIGCONT)
+        hb.progress.advance(7)
+        await eventually(lambda: _field(private, keys.state, "done", b"7"), within=5)
+        assert not hb.progress.cancelled
+        assert hb.statistics().beats_failed >= 1
+    assert await private.hget(keys.state, "status") == b"COMPLETED"
+
+
+async def test_redis_frozen_longer_than_ttl_stops_the_job_and_records_lost(
+    private_redis: RedisServer, private: aioredis.Redis
+) -> None:
+    keys = KeySchema("jobpulse").job("cut-off")
+    assert private_redis.proc is not None
+    redis_proc = private_redis.proc
+    with pytest.raises(LeaseLost) as info:
+        async with heartbeat(private, "cut-off", interval=0.1, ttl=1.0, final_timeout=20) as hb:
+            redis_proc.send_signal(signal.SIGSTOP)
+            frozen_at = time.monotonic()
+            try:
+                await asyncio.sleep(30)  # cancelled by the local-ttl stop
+            finally:
+                stopped_after = time.monotonic() - frozen_at
+                assert hb.progress.cancelled
+                asyncio.get_running_loop().call_later(0.5, redis_proc.send_signal, signal.SIGCONT)
+    assert info.value.cause is LeaseLostCause.EXPIRED
+    assert stopped_after < 1.0 + 0.5  # the lease deadline, not redis-py's retry schedule
+    state = await private.hgetall(keys.state)
+    assert state[b"status"] == b"LOST"
+    assert b"expired" in state[b"error"]
+    assert not await private.exists(keys.lease, keys.alive)

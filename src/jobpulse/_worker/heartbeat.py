@@ -139,6 +139,7 @@ class JobHeartbeat:
         self._ticker: Ticker | None = None
         self._host: asyncio.Task[Any] | None = None
         self._in_body = False
+        self._ended = False  # set at exit: late beat replies are ignored from then on
         self._our_cancels = 0
         self._cancel_requested = False
         self._crash: BaseException | None = None
@@ -173,6 +174,8 @@ class JobHeartbeat:
         """
         text = dump_json(details, limit=self._cfg.max_details_bytes, name="checkpoint details")
         self._raise_if_lost()
+        if not self._in_body:
+            raise RuntimeError("checkpoint() is only allowed inside `async with heartbeat(...)`")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._checkpoints.append((text, future))
         self._due = self._clock()
@@ -250,6 +253,7 @@ class JobHeartbeat:
         tb: TracebackType | None,
     ) -> None:
         self._in_body = False
+        self._ended = True
         if self._ticker is not None:
             self._ticker.remove(self)
         host = self._host
@@ -416,6 +420,8 @@ class JobHeartbeat:
     def _beat_replied(self, sent_at: float, reply: Any) -> None:
         code, cancel, _now_ms, snapshot_seq = (int(x) for x in reply[:4])
         inflight, self._inflight = self._inflight, None
+        if self._ended:
+            return  # a beat that raced the final write: the final write decides
         outcome, cause = classify_beat(code)
         if outcome is BeatOutcome.LOST:
             self._lose(cause or LeaseLostCause.FENCED_OUT)
@@ -441,6 +447,8 @@ class JobHeartbeat:
 
     def _beat_failed(self, sent_at: float, exc: BaseException, *, quiet: bool = False) -> None:
         inflight, self._inflight = self._inflight, None
+        if self._ended:
+            return
         self._failed += 1
         self._requeue(inflight)
         self._due = sent_at + min(self._cfg.interval, 0.25)
@@ -512,6 +520,8 @@ def heartbeat(redis: Any, job_id: str, **options: Any) -> JobHeartbeat:
         InvalidJobId: the job id or namespace is invalid (before any Redis command).
         ValueError, TypeError: an option is out of range (before any Redis command).
         JobBusy: another live worker holds the job.
+        redis.exceptions.RedisError, TimeoutError: Redis did not answer the acquire within
+            ``ttl`` (nothing is running yet; retry later).
         LeaseLost: (on exit) the lease was lost; the job was stopped.
         JobCancelled: (on exit) the job was cancelled on request.
     """
