@@ -14,8 +14,9 @@ from collections.abc import AsyncIterator, Iterator
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
-from jobpulse._provision import RedisServer, _docker_answers
+from jobpulse._provision import LocalCluster, RedisServer, _docker_answers
 
 
 @pytest.fixture(scope="session")
@@ -46,11 +47,40 @@ async def redis(redis_url: str, ns: str) -> AsyncIterator[aioredis.Redis]:
     try:
         yield client
     finally:
-        with contextlib.suppress(Exception):
-            keys = [k async for k in client.scan_iter(match=f"{ns}:*", count=1000)]
-            if keys:
-                await client.delete(*keys)
+        await _clean(client, ns)
         await client.aclose()
+
+
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[LocalCluster]:
+    """A real Redis Cluster (3 masters, 1 replica each) on loopback, shared by the session."""
+    with LocalCluster() as cluster:
+        yield cluster
+
+
+async def _clean(client: aioredis.Redis | RedisCluster, ns: str) -> None:
+    with contextlib.suppress(Exception):
+        keys = [k async for k in client.scan_iter(match=f"{ns}:*", count=1000)]
+        for key in keys:
+            await client.delete(key)
+
+
+@pytest.fixture(params=["single", "cluster"])
+async def client(
+    request: pytest.FixtureRequest, redis_url: str, ns: str
+) -> AsyncIterator[aioredis.Redis | RedisCluster]:
+    """The test runs twice: on a single Redis and on a real Redis Cluster."""
+    if request.param == "single":
+        c: aioredis.Redis | RedisCluster = aioredis.Redis.from_url(redis_url)
+    else:
+        cluster: LocalCluster = request.getfixturevalue("redis_cluster")
+        c = RedisCluster.from_url(cluster.url)
+        await c.initialize()
+    try:
+        yield c
+    finally:
+        await _clean(c, ns)
+        await c.aclose()
 
 
 @pytest.fixture

@@ -17,7 +17,7 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["RedisServer", "free_port", "provision_redis", "redis_answers"]
+__all__ = ["LocalCluster", "RedisServer", "free_port", "provision_redis", "redis_answers"]
 
 
 def free_port() -> int:
@@ -26,6 +26,23 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
+
+
+def free_cluster_port() -> int:
+    """A free port whose cluster-bus port (port + 10000) is free and valid too."""
+    for _ in range(1000):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port: int = s.getsockname()[1]
+        if port + 10000 > 65535:
+            continue
+        with socket.socket() as bus:
+            try:
+                bus.bind(("127.0.0.1", port + 10000))
+            except OSError:
+                continue
+        return port
+    raise RuntimeError("no free port pair for a cluster node")
 
 
 def redis_answers(host: str, port: int, timeout: float = 0.5) -> bool:
@@ -95,6 +112,85 @@ class RedisServer:
 
     def __enter__(self) -> RedisServer:
         return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class LocalCluster:
+    """A real Redis Cluster on loopback: ``masters`` masters with ``replicas`` replicas each.
+
+    Built from ``redis-server --cluster-enabled yes`` processes and ``redis-cli --cluster
+    create``; no persistence. ``node_timeout`` (ms) is short so a failover test is quick.
+    """
+
+    def __init__(self, masters: int = 3, replicas: int = 1, node_timeout: int = 1000) -> None:
+        self.masters, self.replicas = masters, replicas
+        self.servers = [
+            RedisServer(
+                port=free_cluster_port(),
+                args=[
+                    "--cluster-enabled",
+                    "yes",
+                    "--cluster-node-timeout",
+                    str(node_timeout),
+                    "--cluster-config-file",
+                    "nodes.conf",
+                ],
+            )
+            for _ in range(masters * (1 + replicas))
+        ]
+
+    @property
+    def url(self) -> str:
+        return self.servers[0].url
+
+    @property
+    def ports(self) -> list[int]:
+        return [s.port for s in self.servers]
+
+    def start(self, timeout: float = 30.0) -> LocalCluster:
+        for server in self.servers:
+            server.start()
+        nodes = [f"127.0.0.1:{s.port}" for s in self.servers]
+        subprocess.run(
+            [
+                "redis-cli",
+                "--cluster",
+                "create",
+                *nodes,
+                "--cluster-replicas",
+                str(self.replicas),
+                "--cluster-yes",
+            ],
+            check=True,
+            capture_output=True,
+            timeout=timeout,
+        )
+        deadline = time.monotonic() + timeout
+        while not all(self._ok(s.port) for s in self.servers):
+            if time.monotonic() > deadline:
+                raise RuntimeError("the cluster did not reach cluster_state:ok")
+            time.sleep(0.1)
+        return self
+
+    @staticmethod
+    def _ok(port: int) -> bool:
+        out = subprocess.run(
+            ["redis-cli", "-p", str(port), "cluster", "info"], capture_output=True, text=True
+        ).stdout
+        return "cluster_state:ok" in out
+
+    def close(self) -> None:
+        for server in self.servers:
+            server.close()
+
+    def __enter__(self) -> LocalCluster:
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self.close()

@@ -8,6 +8,7 @@ from concurrent.futures import ProcessPoolExecutor, ThreadPoolExecutor
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
 from jobpulse import JobBusy, JobCancelled, LeaseLost, LeaseLostCause, heartbeat, request_cancel
 from jobpulse._protocol.codec import SNAPSHOT_FIELDS
@@ -15,26 +16,30 @@ from jobpulse._protocol.keys import KeySchema
 
 from . import work
 
+AnyRedis = aioredis.Redis | RedisCluster
+
 
 @pytest.mark.parametrize("method", ["spawn", "fork"])
 async def test_process_pool_job_is_visible_to_a_plain_client(
-    redis: aioredis.Redis, ns: str, method: str
+    client: AnyRedis, ns: str, method: str
 ) -> None:
     keys = KeySchema(ns).job("job-1")
     pool = ProcessPoolExecutor(1, mp_context=multiprocessing.get_context(method))
     seen: list[int] = []
     try:
-        async with heartbeat(redis, "job-1", namespace=ns, interval=0.05, ttl=1.0, total=300) as hb:
+        async with heartbeat(
+            client, "job-1", namespace=ns, interval=0.05, ttl=1.0, total=300
+        ) as hb:
             hb.set_stage("hashing")
             fut = asyncio.get_running_loop().run_in_executor(
                 pool, work.hash_items, hb.progress, 300, 0.002
             )
             while not fut.done():
-                done = await redis.hget(keys.state, "done")
+                done = await client.hget(keys.state, "done")
                 seen.append(int(done))
                 await asyncio.sleep(0.05)
             await fut
-            running = await redis.hgetall(keys.state)
+            running = await client.hgetall(keys.state)
     finally:
         pool.shutdown()
     assert {f.encode() for f in SNAPSHOT_FIELDS} <= set(running)
@@ -42,93 +47,91 @@ async def test_process_pool_job_is_visible_to_a_plain_client(
     assert running[b"stage"] == b"hashing"
     assert len(set(seen)) > 3, seen  # done grew while the job ran
     assert seen == sorted(seen)
-    final = await redis.hgetall(keys.state)
+    final = await client.hgetall(keys.state)
     assert final[b"status"] == b"COMPLETED"
     assert final[b"done"] == b"300"
     assert int(final[b"finished_ms"]) >= int(final[b"started_ms"])
-    assert int(await redis.ttl(keys.state)) > 0  # retention TTL set
-    assert not await redis.exists(keys.lease, keys.alive)
+    assert int(await client.ttl(keys.state)) > 0  # retention TTL set
+    assert not await client.exists(keys.lease, keys.alive)
 
 
-async def test_thread_pool_advances_are_counted_exactly(redis: aioredis.Redis, ns: str) -> None:
-    async with heartbeat(redis, "threads", namespace=ns, interval=0.05, ttl=1.0) as hb:
+async def test_thread_pool_advances_are_counted_exactly(client: AnyRedis, ns: str) -> None:
+    async with heartbeat(client, "threads", namespace=ns, interval=0.05, ttl=1.0) as hb:
         loop = asyncio.get_running_loop()
         with ThreadPoolExecutor(4) as pool:
             await asyncio.gather(
                 *(loop.run_in_executor(pool, work.hash_items, hb.progress, 5000) for _ in range(4))
             )
-    assert await redis.hget(KeySchema(ns).state("threads"), "done") == b"20000"
+    assert await client.hget(KeySchema(ns).state("threads"), "done") == b"20000"
 
 
-async def test_second_worker_gets_job_busy(redis: aioredis.Redis, ns: str) -> None:
-    async with heartbeat(redis, "busy", namespace=ns) as hb:
+async def test_second_worker_gets_job_busy(client: AnyRedis, ns: str) -> None:
+    async with heartbeat(client, "busy", namespace=ns) as hb:
         with pytest.raises(JobBusy):
-            async with heartbeat(redis, "busy", namespace=ns):
+            async with heartbeat(client, "busy", namespace=ns):
                 pass
-        fence = await redis.get(KeySchema(ns).job("busy").fence)
+        fence = await client.get(KeySchema(ns).job("busy").fence)
         assert int(fence) == hb.fence  # the refused attempt did not bump the fence
 
 
 async def test_stolen_lease_raises_lease_lost_and_later_writes_never_land(
-    redis: aioredis.Redis, ns: str
+    client: AnyRedis, ns: str
 ) -> None:
     keys = KeySchema(ns).job("stolen")
     loop = asyncio.get_running_loop()
     with ThreadPoolExecutor(1) as pool:
         with pytest.raises(LeaseLost) as info:
-            async with heartbeat(redis, "stolen", namespace=ns, interval=0.05, ttl=0.5) as hb:
+            async with heartbeat(client, "stolen", namespace=ns, interval=0.05, ttl=0.5) as hb:
                 fut = loop.run_in_executor(pool, work.until_cancelled, hb.progress, 10)
-                await redis.set(keys.lease, "someone-else", px=5000)
-                await redis.hset(keys.state, "stage", "theirs")
-                seq_at_steal = int(await redis.hget(keys.state, "seq"))
+                await client.set(keys.lease, "someone-else", px=5000)
+                await client.hset(keys.state, "stage", "theirs")
+                seq_at_steal = int(await client.hget(keys.state, "seq"))
                 await asyncio.sleep(5)  # cancelled by the heartbeat long before this ends
         assert info.value.cause is LeaseLostCause.TAKEN_OVER
         assert await fut == "cancelled"
-    state = await redis.hgetall(keys.state)
+    state = await client.hgetall(keys.state)
     assert state[b"status"] == b"RUNNING"  # the fenced-out worker wrote no final state
     assert state[b"stage"] == b"theirs"
     assert int(state[b"seq"]) == seq_at_steal
-    assert await redis.get(keys.lease) == b"someone-else"
+    assert await client.get(keys.lease) == b"someone-else"
 
 
 async def test_remote_cancel_ends_cancelled_and_the_function_sees_it(
-    redis: aioredis.Redis, ns: str
+    client: AnyRedis, ns: str
 ) -> None:
     keys = KeySchema(ns).job("cancel-me")
     with ThreadPoolExecutor(1) as pool:
         with pytest.raises(JobCancelled):
-            async with heartbeat(redis, "cancel-me", namespace=ns, interval=0.05) as hb:
+            async with heartbeat(client, "cancel-me", namespace=ns, interval=0.05) as hb:
                 fut = pool.submit(work.until_cancelled, hb.progress, 10)
-                assert await request_cancel(redis, "cancel-me", namespace=ns)
+                assert await request_cancel(client, "cancel-me", namespace=ns)
                 await asyncio.wrap_future(fut)
                 pytest.fail("the body should have been cancelled")
         assert await asyncio.to_thread(fut.result, 5) == "cancelled"
-    assert await redis.hget(keys.state, "status") == b"CANCELLED"
-    kinds = [e[1][b"kind"] for e in await redis.xrange(keys.events)]
+    assert await client.hget(keys.state, "status") == b"CANCELLED"
+    kinds = [e[1][b"kind"] for e in await client.xrange(keys.events)]
     assert kinds[0] == b"start"
     assert b"cancel" in kinds
     assert kinds[-1] == b"end"
-    assert not await request_cancel(redis, "cancel-me", namespace=ns)  # ended: nothing to cancel
+    assert not await request_cancel(client, "cancel-me", namespace=ns)  # ended: nothing to cancel
 
 
-async def test_exception_writes_failed_with_type_and_message(
-    redis: aioredis.Redis, ns: str
-) -> None:
+async def test_exception_writes_failed_with_type_and_message(client: AnyRedis, ns: str) -> None:
     with pytest.raises(ZeroDivisionError):
-        async with heartbeat(redis, "boom", namespace=ns):
+        async with heartbeat(client, "boom", namespace=ns):
             1 / 0  # noqa: B018
-    state = await redis.hgetall(KeySchema(ns).state("boom"))
+    state = await client.hgetall(KeySchema(ns).state("boom"))
     assert state[b"status"] == b"FAILED"
     assert state[b"error"] == b"ZeroDivisionError: division by zero"
 
 
 async def test_outer_cancellation_writes_cancelled_and_propagates(
-    redis: aioredis.Redis, ns: str
+    client: AnyRedis, ns: str
 ) -> None:
     started = asyncio.Event()
 
     async def job() -> None:
-        async with heartbeat(redis, "outer", namespace=ns):
+        async with heartbeat(client, "outer", namespace=ns):
             started.set()
             await asyncio.sleep(30)
 
@@ -137,20 +140,18 @@ async def test_outer_cancellation_writes_cancelled_and_propagates(
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
-    assert await redis.hget(KeySchema(ns).state("outer"), "status") == b"CANCELLED"
+    assert await client.hget(KeySchema(ns).state("outer"), "status") == b"CANCELLED"
 
 
-async def test_checkpoint_is_recorded_and_beats_keep_seq_order(
-    redis: aioredis.Redis, ns: str
-) -> None:
+async def test_checkpoint_is_recorded_and_beats_keep_seq_order(client: AnyRedis, ns: str) -> None:
     keys = KeySchema(ns).job("cp")
-    async with heartbeat(redis, "cp", namespace=ns, interval=0.05, stream_every=2) as hb:
+    async with heartbeat(client, "cp", namespace=ns, interval=0.05, stream_every=2) as hb:
         hb.set_stage("load")
         await hb.checkpoint(offset=10)
         await asyncio.sleep(0.3)
         hb.set_stage("save")
         await hb.checkpoint(offset=20)
-    entries = await redis.xrange(keys.events)
+    entries = await client.xrange(keys.events)
     kinds = [e[1][b"kind"] for e in entries]
     assert kinds[0] == b"start"
     assert kinds[-1] == b"end"

@@ -148,7 +148,8 @@ class Ticker:
             async with asyncio.timeout(budget):
                 pipe = self._redis.pipeline(transaction=False)
                 for job, args in beats:
-                    pipe.evalsha(SCRIPTS.beat.sha, len(job._keys), *job._keys, *args)
+                    # execute_command: redis-py blocks pipe.evalsha() on RedisCluster pipelines
+                    pipe.execute_command("EVALSHA", SCRIPTS.beat.sha, 5, *job._keys, *args)
                 for key, members in index.items():
                     pipe.zadd(key, members)
                 results = await pipe.execute(raise_on_error=False)
