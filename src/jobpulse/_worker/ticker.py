@@ -162,6 +162,9 @@ class Ticker:
             self._warn.warning("beats of %d job(s) failed, retrying: %r", len(jobs), exc)
             self._wake.set()
             return
+        for result in results[len(jobs) :]:
+            if isinstance(result, Exception):  # an index refresh: the next one will retry
+                self._warn.warning("running-index refresh failed: %r", result)
         noscript = False
         for job, result in zip(jobs, results, strict=False):
             if isinstance(result, Exception):

@@ -1,0 +1,141 @@
+"""A TCP fault proxy between clients and a private Redis, run in a thread of its own.
+
+Its own event loop means the faults it injects never depend on the (possibly starved) loop of
+the code under test. Every fault is a setting a test flips while traffic flows:
+
+* ``latency`` / ``jitter`` (seconds): added before each chunk of replies is forwarded;
+* ``blackhole``: connections stay open, no byte is forwarded either way (buffered until lifted);
+* ``reset()``: every open connection is aborted (RST), new ones are accepted;
+* ``read_rate`` (bytes/s): replies trickle to the client (slow reads).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import random
+import socket
+import threading
+from concurrent.futures import Future
+
+from jobpulse._provision import free_port
+
+__all__ = ["FaultProxy"]
+
+
+class FaultProxy:
+    def __init__(self, upstream_port: int, host: str = "127.0.0.1") -> None:
+        self.upstream = (host, upstream_port)
+        self.port = free_port()
+        self.latency = 0.0
+        self.jitter = 0.0
+        self.read_rate: float | None = None
+        self._blackhole = threading.Event()
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self.connections = 0
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    @property
+    def blackhole(self) -> bool:
+        return self._blackhole.is_set()
+
+    @blackhole.setter
+    def blackhole(self, on: bool) -> None:
+        if on:
+            self._blackhole.set()
+        else:
+            self._blackhole.clear()
+
+    def start(self) -> FaultProxy:
+        self._thread.start()
+        self._call_coro(self._start()).result(10)
+        return self
+
+    async def _start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+
+    def reset(self) -> None:
+        """Abort every open connection (the client sees a connection reset)."""
+
+        def abort() -> None:
+            for w in list(self._writers):
+                sock = w.get_extra_info("socket")
+                if sock is not None:
+                    with contextlib.suppress(OSError):
+                        linger_zero = b"\x01\x00\x00\x00\x00\x00\x00\x00"
+                        sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, linger_zero)
+                w.transport.abort()
+            self._writers.clear()
+
+        self._call(abort)
+
+    def close(self) -> None:
+        async def stop() -> None:
+            if self._server is not None:
+                self._server.close()
+            for w in list(self._writers):
+                w.transport.abort()
+
+        with contextlib.suppress(Exception):
+            self._call_coro(stop()).result(5)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(5)
+        self._loop.close()
+
+    def __enter__(self) -> FaultProxy:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _call(self, fn: object) -> None:
+        self._loop.call_soon_threadsafe(fn)  # type: ignore[arg-type]
+
+    def _call_coro(self, coro: object) -> Future[None]:
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
+
+    async def _handle(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
+        self.connections += 1
+        try:
+            u_reader, u_writer = await asyncio.open_connection(*self.upstream)
+        except OSError:
+            c_writer.transport.abort()
+            return
+        self._writers |= {c_writer, u_writer}
+        try:
+            await asyncio.gather(
+                self._pipe(c_reader, u_writer, to_client=False),
+                self._pipe(u_reader, c_writer, to_client=True),
+            )
+        except (OSError, asyncio.IncompleteReadError):
+            pass
+        finally:
+            for w in (c_writer, u_writer):
+                self._writers.discard(w)
+                w.transport.abort()
+
+    async def _pipe(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, to_client: bool
+    ) -> None:
+        while data := await reader.read(65536):
+            while self._blackhole.is_set():  # hold the bytes until the hole is lifted
+                await asyncio.sleep(0.01)
+            delay = self.latency + (random.uniform(0, self.jitter) if self.jitter else 0.0)
+            if delay and to_client:
+                await asyncio.sleep(delay)
+            if to_client and self.read_rate:
+                for i in range(0, len(data), 256):
+                    writer.write(data[i : i + 256])
+                    await writer.drain()
+                    await asyncio.sleep(256 / self.read_rate)
+            else:
+                writer.write(data)
+                await writer.drain()
