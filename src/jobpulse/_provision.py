@@ -136,6 +136,10 @@ class LocalCluster:
                     str(node_timeout),
                     "--cluster-config-file",
                     "nodes.conf",
+                    "--repl-diskless-sync-delay",
+                    "0",
+                    "--cluster-replica-validity-factor",
+                    "0",
                 ],
             )
             for _ in range(masters * (1 + replicas))
@@ -168,6 +172,7 @@ class LocalCluster:
             timeout=timeout,
         )
         deadline = time.monotonic() + timeout
+        # ready: every node sees the cluster ok and every replica has synced with its master
         while not all(self._ok(s.port) for s in self.servers):
             if time.monotonic() > deadline:
                 raise RuntimeError("the cluster did not reach cluster_state:ok")
@@ -176,10 +181,14 @@ class LocalCluster:
 
     @staticmethod
     def _ok(port: int) -> bool:
-        out = subprocess.run(
-            ["redis-cli", "-p", str(port), "cluster", "info"], capture_output=True, text=True
-        ).stdout
-        return "cluster_state:ok" in out
+        def info(*args: str) -> str:
+            cmd = ["redis-cli", "-p", str(port), *args]
+            return subprocess.run(cmd, capture_output=True, text=True).stdout
+
+        if "cluster_state:ok" not in info("cluster", "info"):
+            return False
+        replication = info("info", "replication")
+        return "role:master" in replication or "master_link_status:up" in replication
 
     def close(self) -> None:
         for server in self.servers:
