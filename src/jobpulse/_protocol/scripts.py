@@ -47,10 +47,11 @@ class Scripts:
     finish: Script
     cancel: Script
     claim: Script
+    unindex: Script
 
     @classmethod
     def load(cls) -> Scripts:
-        return cls(*(_load(n) for n in ("acquire", "beat", "finish", "cancel", "claim")))
+        return cls(*(_load(n) for n in ("acquire", "beat", "finish", "cancel", "claim", "unindex")))
 
 
 SCRIPTS = Scripts.load()

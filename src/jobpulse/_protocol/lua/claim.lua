@@ -11,11 +11,20 @@
 
   Returns {1, fence, now_ms, field, value, ...} (the snapshot as it was before the claim),
           {0} the job is not RUNNING (ended, unknown or expired): drop it from the index,
-          {-1} the job is alive (liveness or lease present): not stale.
+          {-1, ms} the job is alive (liveness or lease present): not stale; ms is the
+                   longer of the two keys' remaining PTTLs (0 for a key without a TTL), the
+                   earliest moment it could become stale, so the sweeper can re-score it.
+
+  Atomicity is the exactly-once argument: the check (RUNNING, no alive, no lease) and the
+  change to LOST happen in one script, so of any number of concurrent claims of one attempt
+  exactly one sees RUNNING; every later one sees LOST and answers {0}. Only a new acquire
+  (a new attempt, with a new fence) can make the job RUNNING, hence claimable, again.
 ]]
 local h = redis.call('HMGET', KEYS[1], 'status', 'seq', 'fence')
 if h[1] ~= 'RUNNING' then return {0} end
-if redis.call('EXISTS', KEYS[4]) == 1 or redis.call('EXISTS', KEYS[3]) == 1 then return {-1} end
+local alive_ms = redis.call('PTTL', KEYS[4])
+local lease_ms = redis.call('PTTL', KEYS[3])
+if alive_ms ~= -2 or lease_ms ~= -2 then return {-1, math.max(alive_ms, lease_ms, 0)} end
 
 local before = redis.call('HGETALL', KEYS[1])
 local fence = redis.call('INCR', KEYS[5])

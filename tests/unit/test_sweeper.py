@@ -1,0 +1,50 @@
+"""The sweeper's pure parts: decoding a claim reply and checking configuration (no Redis)."""
+
+from __future__ import annotations
+
+import pytest
+
+from jobpulse._recovery.sweeper import StaleJob, SweeperConfig, _stale_job
+
+
+def test_claim_reply_decodes_to_a_stale_job() -> None:
+    reply = [1, 5, 10_500, b"status", b"RUNNING", b"attempt", b"2", b"worker", b"h:1"]
+    reply += [b"heartbeat_ms", b"9000", b"stage", "load", b"checkpoint", b'{"offset":7}']
+    job = _stale_job("j", reply)
+    assert job == StaleJob(
+        job_id="j",
+        attempt=2,
+        fence=5,
+        stale_for=1.5,
+        claimed_at_ms=10_500,
+        checkpoint={"offset": 7},
+        snapshot=job.snapshot,
+    )
+    assert job.snapshot["status"] == "RUNNING"
+    assert (job.worker, job.stage) == ("h:1", "load")
+    assert "snapshot" not in repr(job)
+
+
+def test_missing_or_corrupt_fields_do_not_break_the_claimed_job() -> None:
+    job = _stale_job("j", [1, 3, 1000, "status", "RUNNING", "checkpoint", "{not json"])
+    assert job.checkpoint is None
+    assert job.attempt == 0
+    assert job.stale_for == 0.0
+    started = _stale_job("j", [1, 3, 4000, "started_ms", "1000", "heartbeat_ms", ""])
+    assert started.stale_for == 3.0  # no beat yet: counted from the start
+
+
+@pytest.mark.parametrize(
+    ("options", "error", "name"),
+    [
+        ({"batch": 0}, ValueError, "batch"),
+        ({"batch": True}, TypeError, "batch"),
+        ({"maxlen": -1}, ValueError, "maxlen"),
+        ({"retention": 0}, ValueError, "retention"),
+        ({"retention": float("inf")}, ValueError, "retention"),
+        ({"retention": "1"}, TypeError, "retention"),
+    ],
+)
+def test_config_names_the_bad_field(options: dict[str, object], error: type, name: str) -> None:
+    with pytest.raises(error, match=name):
+        SweeperConfig(**options)  # type: ignore[arg-type]
