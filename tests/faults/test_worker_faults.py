@@ -5,14 +5,16 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import redis.asyncio as aioredis
 from redis.exceptions import OutOfMemoryError, ReadOnlyError
 
-from jobpulse import JobBusy, StateNotWritten, heartbeat
+from jobpulse import JobBusy, LeaseLost, LeaseLostCause, ProgressCell, StateNotWritten, heartbeat
 from jobpulse._protocol.keys import KeySchema
 from jobpulse._provision import RedisServer, free_port
+from jobpulse._recovery.sweeper import Sweeper
 
 from ..support import eventually
 from .conftest import Proxied
@@ -233,3 +235,46 @@ async def test_an_unexpected_error_in_the_heartbeat_surfaces_at_exit(
             await asyncio.sleep(10)  # cancelled by the crash
     assert hb.progress.cancelled
     assert any("ticker crashed" in r.getMessage() for r in caplog.records)
+
+
+async def test_blackhole_longer_than_ttl_the_work_stops_before_any_sweeper_can_claim(
+    proxied: Proxied,
+) -> None:
+    """Cut off for longer than ttl: the executor function sees ``cancelled`` first, then (and
+    only then) a sweeper — looking through the undisturbed connection — claims the job; the
+    job is recorded exactly once, as LOST, by the sweeper."""
+    keys = KEYS.job("cut")
+    seen_cancelled: list[float] = []
+    claims: list[tuple[float, str]] = []
+
+    def work(cell: ProgressCell) -> None:
+        while not cell.cancelled:
+            cell.advance()
+            time.sleep(0.001)
+        seen_cancelled.append(time.monotonic())
+
+    sweeper = Sweeper(proxied.direct)
+
+    async def sweep_until_claimed() -> None:
+        while not claims:
+            claims.extend((time.monotonic(), job.job_id) for job in await sweeper.sweep())
+            await asyncio.sleep(0.01)
+
+    with ThreadPoolExecutor(1) as pool:
+        with pytest.raises(LeaseLost) as info:
+            async with heartbeat(
+                proxied.via_proxy, "cut", interval=0.1, ttl=1.0, index_every=1, final_timeout=2
+            ) as hb:
+                running = asyncio.get_running_loop().run_in_executor(pool, work, hb.progress)
+                sweeping = asyncio.ensure_future(sweep_until_claimed())
+                proxied.proxy.blackhole = True
+                await running
+        await asyncio.wait_for(sweeping, 30)
+    assert info.value.cause is LeaseLostCause.EXPIRED
+    assert claims == [(claims[0][0], "cut")]  # claimed once, by the sweeper
+    assert seen_cancelled[0] < claims[0][0]  # the work had stopped before the claim
+    state = await proxied.direct.hgetall(keys.state)
+    assert state[b"status"] == b"LOST"
+    kinds = [e[b"kind"] for _, e in await proxied.direct.xrange(keys.events)]
+    assert kinds.count(b"stale") == 1
+    assert b"end" not in kinds  # the cut-off worker never recorded a second terminal state
