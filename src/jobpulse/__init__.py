@@ -3,7 +3,14 @@
 The public API is exactly what this module re-exports; every other module is private.
 """
 
+from ._reader.backoff import Backoff as Backoff
+from ._reader.event import Event as Event
+from ._reader.reader import StatusReader as StatusReader
+from ._reader.status import JobState as JobState
+from ._reader.status import JobStatus as JobStatus
 from ._recovery.control import request_cancel as request_cancel
+from ._recovery.sweeper import StaleJob as StaleJob
+from ._recovery.sweeper import Sweeper as Sweeper
 from ._worker.heartbeat import JobHeartbeat as JobHeartbeat
 from ._worker.heartbeat import heartbeat as heartbeat
 from ._worker.progress import ProgressCell as ProgressCell
@@ -19,16 +26,23 @@ from .errors import StateNotWritten as StateNotWritten
 __version__ = "0.1.0"
 
 __all__ = (
+    "Backoff",
+    "Event",
     "InvalidJobId",
     "JobBusy",
     "JobCancelled",
     "JobHeartbeat",
+    "JobState",
+    "JobStatus",
     "JobpulseError",
     "LeaseLost",
     "LeaseLostCause",
     "ProgressCell",
     "ProtocolError",
+    "StaleJob",
     "StateNotWritten",
+    "StatusReader",
+    "Sweeper",
     "heartbeat",
     "request_cancel",
 )

@@ -7,18 +7,25 @@ Snapshot fields are plain decimal or UTF-8 strings; an absent value is the empty
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 import orjson
 
 __all__ = [
     "DYNAMIC_FIELDS",
+    "EVENT_KINDS",
     "SNAPSHOT_FIELDS",
+    "STATUSES",
+    "TERMINAL_EVENT_KINDS",
     "TERMINAL_STATUSES",
+    "decode_entry",
     "dump_json",
     "fmt_float",
     "fmt_int",
     "load_json",
+    "parse_stream_id",
+    "to_text",
 ]
 
 SNAPSHOT_FIELDS: tuple[str, ...] = (
@@ -34,6 +41,17 @@ DYNAMIC_FIELDS: tuple[str, ...] = (
 """The fields every beat sends, positionally, in this order (``DYNAMIC`` in ``_lib.lua``)."""
 
 TERMINAL_STATUSES = frozenset({"COMPLETED", "FAILED", "CANCELLED", "LOST"})
+
+STATUSES = frozenset({"RUNNING"}) | TERMINAL_STATUSES
+"""Every value the scripts write into a snapshot's ``status`` (STALE is derived, never written)."""
+
+EVENT_KINDS = frozenset({"start", "stage", "beat", "checkpoint", "cancel", "end", "stale"})
+"""Every ``kind`` of a stream entry."""
+
+_STREAM_ID = re.compile(r"([0-9]{1,20})(?:-([0-9]{1,20}))?")
+
+TERMINAL_EVENT_KINDS = frozenset({"end", "stale"})
+"""The kinds after which a job's stream gets no entry of the same attempt."""
 
 
 def fmt_int(value: int | None) -> str:
@@ -72,3 +90,46 @@ def load_json(text: str | bytes | None) -> Any:
     if not text:
         return None
     return orjson.loads(text)
+
+
+def to_text(value: str | bytes | None) -> str | None:
+    """A reply value as text; ``None`` and ``""`` (the protocol's "absent") give ``None``.
+
+    Raises:
+        UnicodeDecodeError: ``value`` is bytes that are not UTF-8.
+    """
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        value = value.decode()
+    return value or None
+
+
+def decode_entry(fields: Any) -> dict[str, str]:
+    """The field/value pairs of a stream entry as a ``str`` dict (absent values omitted).
+
+    ``fields`` is what redis-py returns for one entry: a mapping (or a flat list) of bytes or
+    str, with or without ``decode_responses``.
+    """
+    if not hasattr(fields, "items"):
+        it = iter(fields)
+        fields = dict(zip(it, it, strict=True))
+    out: dict[str, str] = {}
+    for key, value in fields.items():
+        name, text = to_text(key), to_text(value)
+        if name is not None and text is not None:
+            out[name] = text
+    return out
+
+
+def parse_stream_id(value: str | bytes) -> tuple[int, int]:
+    """A stream entry id (``"1700000000000-3"``, or ``"1700000000000"``) as ``(ms, seq)``.
+
+    Raises:
+        ValueError: ``value`` is not a stream id.
+    """
+    text = value.decode(errors="replace") if isinstance(value, bytes) else value
+    match = _STREAM_ID.fullmatch(text)
+    if match is None:
+        raise ValueError(f"not a stream id: {text!r}")
+    return int(match[1]), int(match[2] or 0)

@@ -1,0 +1,410 @@
+"""``StatusReader``: one-round-trip status, a single-flight cache, watch and wait."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import math
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, replace
+from types import TracebackType
+from typing import Any
+
+from redis.exceptions import ResponseError
+
+from .._protocol.errors import is_redis_fault
+from .._protocol.keys import KeySchema, check_job_id
+from ..errors import ProtocolError
+from .backoff import Backoff
+from .cache import CacheStatistics, SnapshotCache
+from .status import (
+    ALL_FIELDS,
+    VERDICT_FIELDS,
+    JobState,
+    JobStatus,
+    RawSnapshot,
+    check_fields,
+    decode_snapshot,
+    decode_values,
+    version,
+)
+from .watch import HubStatistics, Watch, WatchHub
+
+__all__ = ["ReaderConfig", "ReaderStatistics", "StatusReader"]
+
+log = logging.getLogger("jobpulse")
+
+
+def _seconds(name: str, value: object, *, positive: bool = False) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+    if not math.isfinite(value) or value < 0 or (positive and value == 0):
+        raise ValueError(f"{name} must be {'> 0' if positive else '>= 0'}, got {value!r}")
+    return float(value)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ReaderConfig:
+    """How a :class:`StatusReader` caches and watches. Every field is checked.
+
+    Attributes:
+        cache_ttl: seconds a snapshot answers ``get()`` from memory (0 disables the cache).
+        terminal_ttl: the same for a terminal snapshot (COMPLETED, FAILED, CANCELLED, LOST);
+            default ``10 * cache_ttl``. A terminal attempt only changes again if a new attempt
+            of the same job id starts.
+        max_entries: jobs kept in the cache (least recently used evicted), >= 1.
+        watch_queue: events buffered per watcher before it is dropped to resync by id, >= 1.
+        watch_block: XREAD BLOCK timeout in seconds (> 0).
+        liveness_interval: seconds between the watch hub's liveness checks (> 0).
+        concurrency: Redis calls this reader has in flight at once on the client's pool
+            (reads, history XRANGEs), >= 1; more wait their turn. The watch loop's own
+            connection is not counted. Keep it under the pool's ``max_connections``.
+    """
+
+    cache_ttl: float = 0.5
+    terminal_ttl: float | None = None
+    max_entries: int = 10_000
+    watch_queue: int = 1000
+    watch_block: float = 1.0
+    liveness_interval: float = 1.0
+    concurrency: int = 32
+
+    def __post_init__(self) -> None:
+        _seconds("cache_ttl", self.cache_ttl)
+        if self.terminal_ttl is not None:
+            _seconds("terminal_ttl", self.terminal_ttl)
+        _seconds("watch_block", self.watch_block, positive=True)
+        _seconds("liveness_interval", self.liveness_interval, positive=True)
+        for name in ("max_entries", "watch_queue", "concurrency"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {value!r}")
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value!r}")
+
+    @property
+    def terminal_seconds(self) -> float:
+        return self.cache_ttl * 10 if self.terminal_ttl is None else self.terminal_ttl
+
+
+@dataclass(frozen=True, slots=True)
+class ReaderStatistics:
+    """Counters of one reader: its cache and its watch hub."""
+
+    cache: CacheStatistics
+    watch: HubStatistics
+
+
+@dataclass(frozen=True, slots=True)
+class _Read:
+    """One read (or a merge of reads of the same snapshot version), validated."""
+
+    status: JobStatus
+    raw: RawSnapshot
+    fields: frozenset[str]
+    version: tuple[int, int]
+    exists: bool
+    server_ms: int
+    alive_pttl: int
+
+    @property
+    def terminal(self) -> bool:
+        return self.status.state.is_terminal
+
+
+def _merge(older: _Read, newer: _Read) -> _Read:
+    raw = {**older.raw, **newer.raw}
+    status = decode_snapshot(older.status.job_id, raw, newer.alive_pttl, newer.server_ms)
+    return replace(newer, status=status, raw=raw, fields=older.fields | newer.fields)
+
+
+def _server_ms(reply: Any) -> int:
+    seconds, micros = reply  # redis-py parses TIME into (seconds, microseconds)
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+class StatusReader:
+    """Reads job status: cheap enough for an API gateway's hot path, never wrong about a dead
+    worker, never back in time.
+
+    Use it as an async context manager (``async with StatusReader(redis) as reader:``), or call
+    :meth:`aclose` when done: that stops the shared watch loop.
+
+    Args:
+        redis: a ``redis.asyncio.Redis`` (with or without ``decode_responses``). ``watch`` takes
+            one dedicated connection from its pool for the whole reader.
+        namespace: the key prefix (default ``"jobpulse"``).
+        cache_ttl: seconds a snapshot is served from memory (default 0.5; 0 disables).
+        terminal_ttl: seconds a terminal snapshot is served from memory (default
+            ``10 * cache_ttl``).
+        max_entries: jobs kept in the cache (default 10,000).
+        watch_queue: events buffered per watcher (default 1000); see :meth:`watch`.
+        watch_block: XREAD BLOCK timeout in seconds (default 1.0).
+        liveness_interval: seconds between the watch loop's liveness checks (default 1.0).
+        concurrency: Redis calls in flight at once on the client's pool (default 32).
+        clock: monotonic clock (a seam for tests).
+
+    Raises:
+        InvalidJobId: ``namespace`` is invalid.
+        ValueError: an option is out of range (the message names it).
+    """
+
+    def __init__(
+        self,
+        redis: Any,
+        *,
+        namespace: str = "jobpulse",
+        cache_ttl: float = 0.5,
+        terminal_ttl: float | None = None,
+        max_entries: int = 10_000,
+        watch_queue: int = 1000,
+        watch_block: float = 1.0,
+        liveness_interval: float = 1.0,
+        concurrency: int = 32,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._schema = KeySchema(namespace)
+        self.config = ReaderConfig(
+            cache_ttl=cache_ttl,
+            terminal_ttl=terminal_ttl,
+            max_entries=max_entries,
+            watch_queue=watch_queue,
+            watch_block=watch_block,
+            liveness_interval=liveness_interval,
+            concurrency=concurrency,
+        )
+        self._redis = redis
+        self._slots = asyncio.Semaphore(self.config.concurrency)
+        self._clock = clock
+        self._cache: SnapshotCache[_Read] = SnapshotCache(
+            ttl=self.config.cache_ttl,
+            terminal_ttl=self.config.terminal_seconds,
+            max_entries=self.config.max_entries,
+            merge=_merge,
+            clock=clock,
+        )
+        self._hub = WatchHub(
+            redis,
+            self._schema,
+            block=self.config.watch_block,
+            liveness_interval=self.config.liveness_interval,
+            queue_size=self.config.watch_queue,
+            slots=self._slots,
+            clock=clock,
+        )
+
+    @property
+    def namespace(self) -> str:
+        return self._schema.namespace
+
+    def statistics(self) -> ReaderStatistics:
+        """Cache and watch counters (hits, fetches, XREADs, overflows, …)."""
+        return ReaderStatistics(self._cache.statistics(), self._hub.statistics())
+
+    def __repr__(self) -> str:
+        c = self._cache.statistics()
+        return (
+            f"<StatusReader namespace={self.namespace} cache_ttl={self.config.cache_ttl} "
+            f"entries={c.entries} hits={c.hits} fetches={c.fetches} {self._hub!r}>"
+        )
+
+    # -- get ----------------------------------------------------------------------------------
+
+    async def get(self, job_id: str, fields: Iterable[str] | None = None) -> JobStatus:
+        """The job's status, in one Redis round trip (or none, from the cache).
+
+        One non-transactional pipeline: ``HMGET`` of the asked fields plus what the verdict
+        and the ages need (``status seq fence heartbeat_ms progress_ms``), ``PTTL`` of the
+        liveness key, and ``TIME`` (so ages are measured on the server's clock alone).
+
+        Args:
+            job_id: the job.
+            fields: snapshot field names to read (see ``docs/protocol.md``); None reads all.
+                The other fields are not transferred; they are None in the result unless the
+                cache already held them from a wider read of the same snapshot.
+
+        Returns:
+            The :class:`JobStatus`; ``state`` is UNKNOWN when there is no snapshot.
+
+        Raises:
+            InvalidJobId: ``job_id`` is invalid (before any Redis call).
+            ValueError: ``fields`` names something that is not a snapshot field.
+            ProtocolError: the snapshot is corrupt or foreign (a status outside the protocol,
+                a non-numeric number, a ``meta`` that is not JSON, a key of another type).
+            redis.exceptions.RedisError: Redis could not be reached (nothing is cached then).
+        """
+        return await self._get(job_id, fields, fresh=False)
+
+    async def _get(self, job_id: str, fields: Iterable[str] | None, *, fresh: bool) -> JobStatus:
+        check_job_id(job_id)
+        names = check_fields(fields)
+        want = frozenset(ALL_FIELDS if names is None else (*VERDICT_FIELDS, *names))
+        read, age = await self._cache.get(
+            job_id, want, lambda f: self._fetch(job_id, f), fresh=fresh
+        )
+        if age > 0 and read.exists:
+            return _with_ages(read.status, age)
+        return read.status
+
+    async def _fetch(self, job_id: str, want: frozenset[str]) -> _Read:
+        keys = self._schema.job(job_id)
+        names = [f for f in ALL_FIELDS if f in want]
+        try:
+            async with self._slots, self._redis.pipeline(transaction=False) as pipe:
+                pipe.hmget(keys.state, names)
+                pipe.pttl(keys.alive)
+                pipe.time()
+                values, pttl, now = await pipe.execute(raise_on_error=False)
+        except UnicodeDecodeError:  # a client with decode_responses, a foreign value
+            raise ProtocolError(f"job {job_id!r}: a snapshot value is not UTF-8") from None
+        for reply in (values, pttl, now):
+            if isinstance(reply, ResponseError) and "WRONGTYPE" in str(reply):
+                raise ProtocolError(f"job {job_id!r}: {keys.state} is not a hash")
+            if isinstance(reply, Exception):
+                raise reply
+        server_ms = _server_ms(now)
+        raw = decode_values(job_id, names, values)
+        status = decode_snapshot(job_id, raw, int(pttl), server_ms)
+        exists = status.state is not JobState.UNKNOWN
+        return _Read(status, raw, want, version(raw), exists, server_ms, int(pttl))
+
+    # -- watch and wait -----------------------------------------------------------------------
+
+    def watch(self, job_id: str, *, last_event_id: str | None = None) -> Watch:
+        """Follow the job's events: its history first, then live entries; ends after the
+        terminal event (``end``, or ``stale`` when a sweeper claimed the job).
+
+        Every watcher of this reader shares one XREAD BLOCK loop on one dedicated connection,
+        whatever the number of jobs. When the worker dies and nobody claims the job, the loop's
+        liveness check ends the watch with a synthetic ``stale`` event (``synthetic=True``,
+        ``status="STALE"``, ``id`` the last entry's id) within about ``liveness_interval`` plus
+        the worker's ttl. A watcher that falls ``watch_queue`` events behind is dropped from
+        the loop and catches up from the stream by id: it never loses or repeats an event,
+        unless the stream's ``MAXLEN`` trimmed entries it had not read.
+
+        Watching a job that has not started yet waits for it to start. Use ``async with
+        reader.watch(job) as events:`` (or ``await events.aclose()``) when leaving early.
+
+        Args:
+            job_id: the job.
+            last_event_id: resume right after this stream entry id (e.g. SSE ``Last-Event-ID``);
+                None starts from the first entry.
+
+        Returns:
+            An async iterator of :class:`Event`.
+
+        Raises:
+            InvalidJobId: ``job_id`` is invalid.
+            ValueError: ``last_event_id`` is not a stream entry id.
+        """
+        keys = self._schema.job(job_id)
+        return Watch(self._hub, self._redis, job_id, keys.events, last_event_id)
+
+    async def wait(
+        self,
+        job_id: str,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - the contract's signature
+        backoff: Backoff | None = None,
+    ) -> JobStatus:
+        """Wait until the job reaches a terminal state or STALE, and return its status.
+
+        A RUNNING job is followed through its stream (no polling); a job with no snapshot yet
+        (UNKNOWN: not started) and any Redis fault while following fall back to polling
+        ``get()`` on the ``backoff`` schedule (default ``Backoff()``).
+
+        Args:
+            job_id: the job.
+            timeout: seconds to wait at most (None: no limit).
+            backoff: the polling schedule.
+
+        Raises:
+            TimeoutError: the job did not settle within ``timeout``.
+            InvalidJobId: ``job_id`` is invalid.
+            ProtocolError: the job's keys are corrupt.
+        """
+        check_job_id(job_id)
+        if timeout is not None:
+            _seconds("timeout", timeout)
+        delays = backoff if backoff is not None else Backoff()
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._wait(job_id, delays)
+        except TimeoutError:
+            raise TimeoutError(f"job {job_id!r} did not settle within {timeout} s") from None
+
+    async def _wait(self, job_id: str, delays: Backoff) -> JobStatus:
+        fresh = False
+        while True:
+            try:
+                status = await self._get(job_id, None, fresh=fresh)
+            except ProtocolError:
+                raise
+            except Exception as exc:
+                if not is_redis_fault(exc):
+                    raise
+                log.debug("jobpulse wait(%s): get failed, polling: %r", job_id, exc)
+                await asyncio.sleep(next(delays))
+                continue
+            if status.state.is_settled:
+                return status
+            fresh = True
+            if status.state is JobState.RUNNING:
+                try:
+                    await self._follow(job_id)
+                    delays.reset()
+                    continue  # the stream ended: read the final snapshot, past the cache
+                except ProtocolError:
+                    raise
+                except Exception as exc:
+                    if not is_redis_fault(exc):
+                        raise
+                    log.debug("jobpulse wait(%s): watch failed, polling: %r", job_id, exc)
+            await asyncio.sleep(next(delays))
+
+    async def _follow(self, job_id: str) -> None:
+        """Return once the job's stream ends (a terminal or a synthetic event)."""
+        keys = self._schema.job(job_id)
+        # Start just before the newest entry, so an attempt that has already ended ends the
+        # watch at once, without replaying the whole history.
+        async with self._slots:
+            tail = await self._redis.xrevrange(keys.events, count=2)
+        start = tail[1][0] if len(tail) == 2 else None
+        if isinstance(start, bytes):
+            start = start.decode()
+        async with self.watch(job_id, last_event_id=start) as events:
+            async for event in events:
+                if event.terminal:
+                    return
+
+    # -- lifecycle ----------------------------------------------------------------------------
+
+    async def aclose(self) -> None:
+        """Stop the watch loop and release its connection; open watches raise RuntimeError.
+
+        The Redis client itself is the caller's and stays open.
+        """
+        await self._hub.aclose()
+
+    async def __aenter__(self) -> StatusReader:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+def _with_ages(status: JobStatus, age: float) -> JobStatus:
+    """``status`` served ``age`` seconds after its read: its ages grew by as much (measured on
+    the reader's own monotonic clock, never compared with another clock)."""
+    return replace(status, heartbeat_age=_plus(status.heartbeat_age, age),
+                   progress_age=_plus(status.progress_age, age))  # fmt: skip
+
+
+def _plus(value: float | None, age: float) -> float | None:
+    return None if value is None else value + age

@@ -1,0 +1,292 @@
+"""``JobState``, ``JobStatus`` and the pure decoding of one snapshot read (no I/O).
+
+A read is the HMGET of some snapshot fields, the liveness key's PTTL and the server's TIME,
+taken in one pipeline. Everything here is a function of those values, so the verdict (STALE or
+not) and the ages never compare the reader's clock with the worker's.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+import orjson
+
+from .._protocol.codec import SNAPSHOT_FIELDS, STATUSES, TERMINAL_STATUSES, load_json
+from ..errors import ProtocolError
+
+__all__ = [
+    "ALL_FIELDS",
+    "VERDICT_FIELDS",
+    "JobState",
+    "JobStatus",
+    "RawSnapshot",
+    "check_fields",
+    "decode_snapshot",
+    "decode_values",
+    "version",
+]
+
+ALL_FIELDS: tuple[str, ...] = (*SNAPSHOT_FIELDS, "cancel")
+"""What ``get(job_id)`` fetches: the contract's snapshot fields and the cancel flag."""
+
+VERDICT_FIELDS: tuple[str, ...] = ("status", "seq", "fence", "heartbeat_ms", "progress_ms")
+"""Fetched on every read, whatever fields were asked: the state, the ordering and the ages."""
+
+_INT_FIELDS = frozenset(
+    {"done", "total", "rss_bytes", "seq", "fence", "attempt", "started_ms", "heartbeat_ms",
+     "progress_ms", "finished_ms"}
+)  # fmt: skip
+_FLOAT_FIELDS = frozenset({"rate", "eta_s", "cpu_s", "loop_lag_ms"})
+
+RawSnapshot = Mapping[str, str | None]
+"""The text of the fetched fields (``None`` when absent); fields not fetched are missing."""
+
+
+class JobState(enum.Enum):
+    """What a reader can say about a job."""
+
+    RUNNING = "RUNNING"
+    """A worker holds the job and its liveness key is present."""
+    STALE = "STALE"
+    """The snapshot says RUNNING but the liveness key is gone: the worker is dead or cut off and
+    nobody has claimed the job yet. Derived by readers, never written."""
+    COMPLETED = "COMPLETED"
+    """The body returned."""
+    FAILED = "FAILED"
+    """The body raised; ``error`` holds ``"Type: message"``."""
+    CANCELLED = "CANCELLED"
+    """The job was cancelled (remotely or by its own task)."""
+    LOST = "LOST"
+    """The attempt lost its lease (claimed by a sweeper, or it expired while Redis was away)."""
+    UNKNOWN = "UNKNOWN"
+    """No snapshot: no such job, not started yet, or expired after its retention."""
+
+    @property
+    def is_terminal(self) -> bool:
+        """True for COMPLETED, FAILED, CANCELLED and LOST: this attempt will not change again."""
+        return self.value in TERMINAL_STATUSES
+
+    @property
+    def is_settled(self) -> bool:
+        """True for a terminal state or STALE: what :meth:`StatusReader.wait` returns at."""
+        return self is JobState.STALE or self.is_terminal
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobStatus:
+    """One job's status as read from its snapshot. Fields not fetched, or absent, are None.
+
+    Attributes:
+        job_id: the job.
+        state: the verdict (a :class:`JobState`).
+        stage: the current stage name.
+        done: items done.
+        total: items in all, when known.
+        percent: ``100 * done / total`` (None without a positive total), at most 100.
+        rate: items per second, recent.
+        eta: seconds left, estimated by the worker.
+        rss_bytes: the worker process's resident memory.
+        cpu_seconds: the worker process's CPU time.
+        loop_lag: how late the last beat fired on the worker's event loop, in seconds.
+        seq: the snapshot's sequence number (grows with every write of one attempt).
+        fence: the attempt's fencing number (grows across attempts).
+        attempt: 1 for a first run, n + 1 after a takeover.
+        worker: the worker's name (``host:pid`` by default).
+        heartbeat_age: seconds since the last beat, by the Redis server's clock.
+        progress_age: seconds since ``done`` last changed, by the Redis server's clock.
+        error: ``"Type: message"`` of a FAILED job, or why a job is LOST.
+        meta: the job's ``meta`` (decoded JSON).
+        started_ms: when the attempt started (Redis server time, ms).
+        heartbeat_ms: when the last beat was written (Redis server time, ms).
+        progress_ms: when ``done`` last changed (Redis server time, ms).
+        finished_ms: when the job ended (Redis server time, ms).
+        cancel_requested: True while a cancel request waits for the worker.
+        server_ms: the Redis server's time when this snapshot was read (ms).
+    """
+
+    job_id: str
+    state: JobState
+    stage: str | None = None
+    done: int | None = None
+    total: int | None = None
+    percent: float | None = None
+    rate: float | None = None
+    eta: float | None = None
+    rss_bytes: int | None = None
+    cpu_seconds: float | None = None
+    loop_lag: float | None = None
+    seq: int | None = None
+    fence: int | None = None
+    attempt: int | None = None
+    worker: str | None = None
+    heartbeat_age: float | None = None
+    progress_age: float | None = None
+    error: str | None = None
+    meta: Any = None
+    started_ms: int | None = None
+    heartbeat_ms: int | None = None
+    progress_ms: int | None = None
+    finished_ms: int | None = None
+    cancel_requested: bool | None = None
+    server_ms: int | None = None
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields as plain JSON-ready values (``state`` as its name, e.g. ``"RUNNING"``)."""
+        out = asdict(self)
+        out["state"] = self.state.name
+        return out
+
+
+def check_fields(fields: object) -> tuple[str, ...] | None:
+    """Validate the ``fields=`` argument of ``get()``: None or an iterable of field names.
+
+    Raises:
+        ValueError: a name is not a snapshot field (the message lists the valid ones).
+        TypeError: ``fields`` is a plain string or not iterable.
+    """
+    if fields is None:
+        return None
+    if isinstance(fields, str | bytes):
+        raise TypeError("fields must be a sequence of field names, not a single string")
+    try:
+        names: tuple[str, ...] = tuple(fields)  # type: ignore[arg-type]
+    except TypeError:
+        raise TypeError(f"fields must be a sequence of field names, got {fields!r}") from None
+    unknown = [f for f in names if f not in ALL_FIELDS]
+    if unknown:
+        raise ValueError(f"fields has unknown names {unknown!r}; valid: {', '.join(ALL_FIELDS)}")
+    return names
+
+
+def decode_values(
+    job_id: str, names: Sequence[str], values: Sequence[str | bytes | None]
+) -> dict[str, str | None]:
+    """An HMGET reply as text per field.
+
+    Raises:
+        ProtocolError: a value is not UTF-8, or the reply does not match the fields asked.
+    """
+    if len(values) != len(names):
+        raise ProtocolError(f"job {job_id!r}: HMGET gave {len(values)} values for {len(names)}")
+    out: dict[str, str | None] = {}
+    try:
+        for name, value in zip(names, values, strict=True):
+            if not value:
+                out[name] = None
+            elif isinstance(value, bytes):
+                out[name] = value.decode()
+            else:
+                out[name] = value
+    except UnicodeDecodeError as exc:
+        raise ProtocolError(f"job {job_id!r}: a snapshot value is not UTF-8 ({exc})") from None
+    return out
+
+
+def _int(job_id: str, raw: RawSnapshot, name: str) -> int | None:
+    text = raw.get(name)
+    if text is None:
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise ProtocolError(
+            f"job {job_id!r}: snapshot field {name}={text!r} is not an integer"
+        ) from None
+
+
+def _float(job_id: str, raw: RawSnapshot, name: str) -> float | None:
+    text = raw.get(name)
+    if text is None:
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value):
+        raise ProtocolError(f"job {job_id!r}: snapshot field {name}={text!r} is not a number")
+    return value
+
+
+def _age(server_ms: int, at_ms: int | None) -> float | None:
+    return None if at_ms is None else max(server_ms - at_ms, 0) / 1000.0
+
+
+def version(raw: RawSnapshot) -> tuple[int, int]:
+    """The snapshot's ``(fence, seq)`` order key; call on a validated snapshot (absent = 0)."""
+    return int(raw.get("fence") or 0), int(raw.get("seq") or 0)
+
+
+def decode_snapshot(job_id: str, raw: RawSnapshot, alive_pttl: int, server_ms: int) -> JobStatus:
+    """Build the :class:`JobStatus` of one read.
+
+    Args:
+        job_id: the job.
+        raw: the text of the fetched fields (see :data:`RawSnapshot`).
+        alive_pttl: the liveness key's PTTL (-2 when the key is missing).
+        server_ms: the Redis server's time of the read, in ms.
+
+    Returns:
+        UNKNOWN when the snapshot has no ``status`` (no hash, or a foreign one without it).
+
+    Raises:
+        ProtocolError: a status outside the protocol, a non-numeric number field, or a ``meta``
+            that is not JSON.
+    """
+    status = raw.get("status")
+    if status is None:
+        return JobStatus(job_id=job_id, state=JobState.UNKNOWN, server_ms=server_ms)
+    if status not in STATUSES:
+        raise ProtocolError(f"job {job_id!r}: snapshot status {status!r} is not a jobpulse status")
+    state = JobState(status)
+    if state is JobState.RUNNING and alive_pttl == -2:
+        state = JobState.STALE
+    ints: dict[str, int | None] = {}
+    for name in _INT_FIELDS:
+        text = raw.get(name)
+        if text is None:
+            ints[name] = None
+        elif text.isascii() and text.isdigit():  # the common case, without a try per field
+            ints[name] = int(text)
+        else:
+            ints[name] = _int(job_id, raw, name)
+    floats = {name: _float(job_id, raw, name) for name in _FLOAT_FIELDS}
+    try:
+        meta = load_json(raw.get("meta"))
+    except orjson.JSONDecodeError:
+        raise ProtocolError(f"job {job_id!r}: snapshot field meta is not JSON") from None
+    done, total = ints["done"], ints["total"]
+    percent = None
+    if done is not None and total is not None and total > 0:
+        percent = min(100.0 * done / total, 100.0)
+    lag = floats["loop_lag_ms"]
+    return JobStatus(
+        job_id=job_id,
+        state=state,
+        stage=raw.get("stage"),
+        done=done,
+        total=total,
+        percent=percent,
+        rate=floats["rate"],
+        eta=floats["eta_s"],
+        rss_bytes=ints["rss_bytes"],
+        cpu_seconds=floats["cpu_s"],
+        loop_lag=None if lag is None else lag / 1000.0,
+        seq=ints["seq"],
+        fence=ints["fence"],
+        attempt=ints["attempt"],
+        worker=raw.get("worker"),
+        heartbeat_age=_age(server_ms, ints["heartbeat_ms"]),
+        progress_age=_age(server_ms, ints["progress_ms"]),
+        error=raw.get("error"),
+        meta=meta,
+        started_ms=ints["started_ms"],
+        heartbeat_ms=ints["heartbeat_ms"],
+        progress_ms=ints["progress_ms"],
+        finished_ms=ints["finished_ms"],
+        cancel_requested=(raw.get("cancel") == "1") if "cancel" in raw else None,
+        server_ms=server_ms,
+    )
