@@ -1,0 +1,120 @@
+"""``jobpulse demo``: runs with no Redis at the URL (it starts one), shows STALE and the claim
+with ``--kill``, and leaves no process behind (no redis-server, no pool worker)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+import psutil
+import pytest
+
+from jobpulse._provision import free_port, redis_answers
+
+from .support import JOBPULSE, ROOT, env
+
+
+def run_demo(*args: str, timeout: float = 240.0) -> tuple[int, str, set[tuple[int, float]]]:
+    """Run the demo to its end; return its exit code, its output and every descendant process
+    seen while it ran, as ``(pid, create_time)``."""
+    seen: set[tuple[int, float]] = set()
+    with subprocess.Popen(
+        [*JOBPULSE, "demo", *args],
+        cwd=ROOT,
+        env=env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    ) as proc:
+        out: list[str] = []
+        assert proc.stdout is not None
+        reader = threading.Thread(target=lambda: out.extend(proc.stdout or []), daemon=True)
+        reader.start()
+        me = psutil.Process(proc.pid)
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None:
+            if time.monotonic() > deadline:
+                proc.kill()
+                pytest.fail("the demo did not finish")
+            try:
+                for child in me.children(recursive=True):
+                    seen.add((child.pid, child.create_time()))
+            except psutil.Error:
+                pass
+            time.sleep(0.05)
+        reader.join(30)
+    return proc.returncode, "".join(out), seen
+
+
+def assert_all_gone(processes: set[tuple[int, float]], within: float = 30.0) -> None:
+    """Every process of ``processes`` has exited (a pid reused by a new process is not ours)."""
+
+    def alive() -> list[int]:
+        left = []
+        for pid, created in processes:
+            try:
+                p = psutil.Process(pid)
+                if p.create_time() == created and p.status() != psutil.STATUS_ZOMBIE:
+                    left.append(pid)
+            except psutil.NoSuchProcess:
+                pass
+        return left
+
+    deadline = time.monotonic() + within
+    while (left := alive()) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not left, f"processes left behind: {left}"
+
+
+@pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server on PATH")
+def test_demo_starts_its_own_redis_and_stops_everything() -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    code, out, seen = run_demo("--redis", url, "--jobs", "2", "--items", "60")
+    assert code == 0, out
+    assert f"No Redis answers at {url}" in out
+    port = int(re.search(r"started redis-server on port (\d+)", out).group(1))  # type: ignore[union-attr]
+    assert "Stopped the Redis this demo started" in out
+    assert len(re.findall(r"demo-\w+-\d: COMPLETED 60/60", out)) == 2, out
+    assert "Traceback" not in out
+    assert_all_gone(seen)
+    assert not redis_answers("127.0.0.1", port)
+    assert len(seen) >= 3  # redis-server and two pool workers at least were observed
+
+
+def test_demo_kill_shows_stale_and_the_claim(redis_url: str, ns: str) -> None:
+    code, out, seen = run_demo(
+        "--redis", redis_url, "--namespace", ns, "--jobs", "2", "--items", "300", "--kill"
+    )
+    assert code == 0, out
+    assert f"Redis: {redis_url}" in out
+    assert re.search(r"SIGKILL -> worker process \d+ of demo-\w+-1", out), out
+    assert re.search(r"demo-\w+-1: STALE", out), out
+    assert re.search(r"sweeper claimed demo-\w+-1: attempt 1 .* is LOST", out), out
+    assert re.search(r"demo-\w+-1: LOST", out), out
+    assert re.search(r"demo-\w+-2: COMPLETED 300/300", out), out
+    assert "Traceback" not in out
+    assert "leaked" not in out  # the killed worker's shared memory was tidied
+    assert_all_gone(seen)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX only")
+def test_demo_without_redis_server_or_docker_names_both_ways(tmp_path: object) -> None:
+    url = f"redis://127.0.0.1:{free_port()}/0"
+    result = subprocess.run(
+        [*JOBPULSE, "demo", "--redis", url],
+        cwd=ROOT,
+        env=env(PATH=str(tmp_path), DOCKER_HOST=f"unix://{tmp_path}/no-docker.sock"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result
+    assert "Traceback" not in result.stderr
+    line = result.stderr.strip()
+    assert len(line.splitlines()) == 1
+    assert "redis-server" in line
+    assert "Docker" in line
