@@ -7,6 +7,9 @@ the code under test. Every fault is a setting a test flips while traffic flows:
 * ``blackhole``: connections stay open, no byte is forwarded either way (buffered until lifted);
 * ``reset()``: every open connection is aborted (RST), new ones are accepted;
 * ``read_rate`` (bytes/s): replies trickle to the client (slow reads).
+
+Given several upstream ports, each new connection goes to the next one in turn (a client
+load-balanced over a master and its replicas).
 """
 
 from __future__ import annotations
@@ -24,8 +27,9 @@ __all__ = ["FaultProxy"]
 
 
 class FaultProxy:
-    def __init__(self, upstream_port: int, host: str = "127.0.0.1") -> None:
-        self.upstream = (host, upstream_port)
+    def __init__(self, upstream_port: int | list[int], host: str = "127.0.0.1") -> None:
+        ports = upstream_port if isinstance(upstream_port, list) else [upstream_port]
+        self.upstreams = [(host, p) for p in ports]  # a new connection takes the next in turn
         self.port = free_port()
         self.latency = 0.0
         self.jitter = 0.0
@@ -103,9 +107,10 @@ class FaultProxy:
         return asyncio.run_coroutine_threadsafe(coro, self._loop)  # type: ignore[arg-type]
 
     async def _handle(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
+        upstream = self.upstreams[self.connections % len(self.upstreams)]
         self.connections += 1
         try:
-            u_reader, u_writer = await asyncio.open_connection(*self.upstream)
+            u_reader, u_writer = await asyncio.open_connection(*upstream)
         except OSError:
             c_writer.transport.abort()
             return

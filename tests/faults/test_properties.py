@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from jobpulse import InvalidJobId, ProgressCell, heartbeat
+from jobpulse import InvalidJobId, JobState, ProgressCell, ProtocolError, StatusReader, heartbeat
 from jobpulse._protocol.codec import dump_json
 from jobpulse._protocol.keys import KeySchema, check_job_id
 from jobpulse._worker.config import check_stage
@@ -158,3 +158,59 @@ def test_bad_progress_values_raise_where_they_are_given(value: Any) -> None:
                 cell.set(value)
     finally:
         cell._unlink()
+
+
+corrupt_fields = st.dictionaries(
+    st.sampled_from(
+        [
+            "status",
+            "done",
+            "total",
+            "seq",
+            "fence",
+            "attempt",
+            "rate",
+            "eta_s",
+            "meta",
+            "heartbeat_ms",
+            "progress_ms",
+            "started_ms",
+            "stage",
+            "error",
+            "cpu_s",
+            "rss_bytes",
+        ]
+    ),
+    st.one_of(st.binary(max_size=12), st.sampled_from([b"RUNNING", b"COMPLETED", b"-1", b"nan"])),
+    max_size=10,
+)
+
+
+@settings(
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(corrupt_fields)
+def test_any_corrupt_hash_gives_a_status_or_a_protocol_error(
+    redis_url: str, fields: dict[str, bytes]
+) -> None:
+    asyncio.run(_read_corrupt(redis_url, fields))
+
+
+async def _read_corrupt(url: str, fields: dict[str, bytes]) -> None:
+    client = aioredis.Redis.from_url(url)
+    keys = KeySchema("propcorrupt").job("c")
+    await client.delete(*keys.all())
+    if fields:
+        await client.hset(keys.state, mapping=fields)  # type: ignore[arg-type]
+    try:
+        async with StatusReader(client, namespace="propcorrupt", cache_ttl=0) as reader:
+            try:
+                status = await reader.get("c")
+            except ProtocolError:
+                return  # documented: a foreign or corrupt snapshot
+            assert isinstance(status.state, JobState)
+            if "status" not in fields:
+                assert status.state is JobState.UNKNOWN
+    finally:
+        await client.delete(*keys.all())
+        await client.aclose()

@@ -267,7 +267,7 @@ class StatusReader:
         raw = decode_values(job_id, names, values)
         status = decode_snapshot(job_id, raw, int(pttl), server_ms)
         exists = status.state is not JobState.UNKNOWN
-        return _Read(status, raw, want, version(raw), exists, server_ms, int(pttl))
+        return _Read(status, raw, want, version(job_id, raw), exists, server_ms, int(pttl))
 
     # -- watch and wait -----------------------------------------------------------------------
 

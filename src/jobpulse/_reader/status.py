@@ -215,9 +215,13 @@ def _age(server_ms: int, at_ms: int | None) -> float | None:
     return None if at_ms is None else max(server_ms - at_ms, 0) / 1000.0
 
 
-def version(raw: RawSnapshot) -> tuple[int, int]:
-    """The snapshot's ``(fence, seq)`` order key; call on a validated snapshot (absent = 0)."""
-    return int(raw.get("fence") or 0), int(raw.get("seq") or 0)
+def version(job_id: str, raw: RawSnapshot) -> tuple[int, int]:
+    """The snapshot's ``(fence, seq)`` order key (absent = 0).
+
+    Raises:
+        ProtocolError: ``fence`` or ``seq`` is not an integer (also in a hash with no status).
+    """
+    return _int(job_id, raw, "fence") or 0, _int(job_id, raw, "seq") or 0
 
 
 def decode_snapshot(job_id: str, raw: RawSnapshot, alive_pttl: int, server_ms: int) -> JobStatus:
