@@ -1,0 +1,109 @@
+"""A FastAPI service: POST starts a CPU-heavy job in a process pool, GET streams its progress.
+
+    pip install "jobpulse[http]" fastapi
+    python examples/fastapi_app.py [--redis URL] [--port 8000]
+
+    curl -X POST 'localhost:8000/reports?items=3000'         # {"job_id": ..., "events": ...}
+    curl -N localhost:8000/jobpulse/jobs/<job_id>/events      # Server-Sent Events, live
+    curl -i localhost:8000/jobpulse/jobs/<job_id>             # JSON status with an ETag
+    open http://localhost:8000/jobpulse/                      # the dashboard
+
+The jobpulse app is mounted in one line (``app.mount("/jobpulse", create_app(reader))``); the
+job runs under ``jobpulse.heartbeat`` in the server process while the hashing itself runs in a
+``ProcessPoolExecutor``, reporting through the shared-memory ``ProgressCell``. Uses the Redis at
+``--redis`` / ``REDIS_URL`` when one answers, else starts a private ``redis-server``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import multiprocessing
+import secrets
+from collections.abc import AsyncIterator
+from concurrent.futures import ProcessPoolExecutor
+from contextlib import asynccontextmanager
+
+import redis.asyncio as aioredis
+import uvicorn
+from fastapi import FastAPI, Query, Request
+
+from jobpulse import ProgressCell, StatusReader, heartbeat
+from jobpulse._provision import provision_redis
+from jobpulse.http import create_app
+
+
+def crunch(cell: ProgressCell, items: int) -> str:
+    """The heavy part, in a pool process: progress goes through shared memory, no I/O."""
+    digest = b"report"
+    for _ in range(items):
+        cell.check()  # stops promptly when the job is cancelled or its lease is lost
+        for _ in range(3000):
+            digest = hashlib.sha256(digest).digest()
+        cell.advance()
+    return digest.hex()[:16]
+
+
+async def run_job(app: FastAPI, job_id: str, items: int, started: asyncio.Future[None]) -> None:
+    try:
+        async with heartbeat(app.state.redis, job_id, total=items, meta={"items": items}) as hb:
+            started.set_result(None)  # the lease is held: GET /jobpulse/jobs/{id} answers now
+            hb.set_stage("hashing")
+            loop = asyncio.get_running_loop()
+            result = await loop.run_in_executor(app.state.pool, crunch, hb.progress, items)
+            await hb.checkpoint(result=result)
+    except BaseException as exc:
+        if not started.done():
+            started.set_exception(exc)
+        if not isinstance(exc, Exception):
+            raise
+
+
+def build(redis_url: str) -> FastAPI:
+    redis = aioredis.Redis.from_url(redis_url)
+    reader = StatusReader(redis)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        app.state.pool = ProcessPoolExecutor(2, mp_context=multiprocessing.get_context("spawn"))
+        app.state.jobs = set()
+        yield
+        for task in app.state.jobs:
+            task.cancel()
+        await asyncio.gather(*app.state.jobs, return_exceptions=True)
+        app.state.pool.shutdown(cancel_futures=True)
+        await reader.aclose()
+        await redis.aclose()
+
+    app = FastAPI(title="jobpulse example", lifespan=lifespan)
+    app.state.redis = redis
+    app.mount("/jobpulse", create_app(reader))  # status, events and the dashboard: one line
+
+    @app.post("/reports", status_code=202)
+    async def start_report(request: Request, items: int = Query(2000, ge=1, le=100_000)) -> dict:
+        job_id = f"report-{secrets.token_hex(4)}"
+        started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        task = asyncio.create_task(run_job(app, job_id, items, started))
+        app.state.jobs.add(task)
+        task.add_done_callback(app.state.jobs.discard)
+        await started
+        return {
+            "job_id": job_id,
+            "status": f"/jobpulse/jobs/{job_id}",
+            "events": f"/jobpulse/jobs/{job_id}/events",
+            "dashboard": "/jobpulse/",
+        }
+
+    return app
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--redis", default=None)
+    parser.add_argument("--host", default="127.0.0.1")
+    parser.add_argument("--port", type=int, default=8000)
+    args = parser.parse_args()
+    with provision_redis(args.redis) as (url, how):
+        print(f"Redis: {url} ({how}); open http://{args.host}:{args.port}/jobpulse/")
+        uvicorn.run(build(url), host=args.host, port=args.port)

@@ -1,0 +1,409 @@
+"""The ASGI app: job status as JSON (ETag / 304), job events as SSE, the job list, a dashboard.
+
+A thin adapter over a :class:`~jobpulse.StatusReader`: every status comes from ``reader.get``
+(so the reader's cache and single flight sit in front of Redis), every event stream is a
+``reader.watch`` (so all SSE clients of the process share the reader's one XREAD loop). The
+app keeps its state on itself (``app.state.jobpulse``), never in module globals, so any number
+of apps can live in one process.
+
+Job ids may hold ``/`` and ``:``. ``GET /jobs/{job_id}/events`` is the event stream of the job
+whose id is the part before the literal ``/events``; a client that must name a job whose own id
+ends in ``/events`` percent-encodes its slashes (``encodeURIComponent``), which the app decodes
+after routing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import inspect
+import logging
+import math
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from importlib import resources
+from typing import Any
+
+import orjson
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from .._protocol.codec import parse_stream_id, to_text
+from .._protocol.errors import is_redis_fault
+from .._protocol.keys import KeySchema, check_job_id
+from .._reader.event import Event
+from .._reader.reader import StatusReader
+from .._reader.status import JobState, JobStatus
+from ..errors import InvalidJobId, ProtocolError
+from .sse import EventStream, encode_event
+
+__all__ = ["Authorize", "HttpConfig", "create_app"]
+
+log = logging.getLogger("jobpulse")
+
+Authorize = Callable[[Request, str], bool | Awaitable[bool]]
+"""``authorize(request, job_id)``: True to allow; a plain function or a coroutine function."""
+
+_STATIC = ("dashboard.html", "dashboard.js", "dashboard.css")
+_MEDIA = {
+    "html": "text/html; charset=utf-8",
+    "js": "text/javascript; charset=utf-8",
+    "css": "text/css; charset=utf-8",
+}
+_LISTED = frozenset({JobState.RUNNING, JobState.STALE})
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HttpConfig:
+    """Options of :func:`create_app`. Every field is checked.
+
+    Attributes:
+        keepalive: seconds of silence on an event stream before a ``: keep-alive`` comment (> 0).
+        retry: reconnection delay suggested to SSE clients, in seconds (>= 0).
+        index_shards: shards of the running-jobs index, as the workers were started with (>= 1).
+        max_jobs: most jobs ``GET /jobs`` lists (>= 1).
+    """
+
+    keepalive: float = 15.0
+    retry: float = 2.0
+    index_shards: int = 1
+    max_jobs: int = 500
+
+    def __post_init__(self) -> None:
+        for name in ("keepalive", "retry"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int | float):
+                raise TypeError(f"{name} must be a number of seconds, got {value!r}")
+            if not math.isfinite(value) or value < 0 or (name == "keepalive" and value == 0):
+                raise ValueError(f"{name} must be {'> 0' if name == 'keepalive' else '>= 0'}")
+        for name in ("index_shards", "max_jobs"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"{name} must be an int, got {value!r}")
+            if value < 1:
+                raise ValueError(f"{name} must be >= 1, got {value!r}")
+
+
+def create_app(
+    reader: StatusReader,
+    *,
+    authorize: Authorize | None = None,
+    keepalive: float = 15.0,
+    retry: float = 2.0,
+    index_shards: int = 1,
+    max_jobs: int = 500,
+) -> Starlette:
+    """An ASGI app serving job status, job events and a dashboard from ``reader``.
+
+    Routes: ``GET /`` (the dashboard), ``GET /jobs`` (running and stale jobs),
+    ``GET /jobs/{job_id}`` (JSON status, ``ETag``, 304), ``GET /jobs/{job_id}/events`` (SSE).
+    Mount it anywhere (``app.mount("/jobpulse", create_app(reader))``); the dashboard uses
+    relative URLs. The reader stays the caller's: the app never closes it.
+
+    Args:
+        reader: the :class:`~jobpulse.StatusReader` every request goes through.
+        authorize: ``authorize(request, job_id) -> bool`` (sync or async), asked for each job
+            a request would show; False answers 403 (and leaves the job out of ``GET /jobs``).
+        keepalive: seconds between ``: keep-alive`` comments on an idle event stream.
+        retry: reconnection delay suggested to EventSource clients (``retry:``), in seconds.
+        index_shards: the ``index_shards`` the workers use (for ``GET /jobs``).
+        max_jobs: most jobs ``GET /jobs`` answers.
+
+    Returns:
+        A Starlette application.
+
+    Raises:
+        ValueError: an option is out of range (the message names it).
+        TypeError: an option has the wrong type, or ``authorize`` is not callable.
+    """
+    if authorize is not None and not callable(authorize):
+        raise TypeError(f"authorize must be callable, got {authorize!r}")
+    config = HttpConfig(
+        keepalive=keepalive, retry=retry, index_shards=index_shards, max_jobs=max_jobs
+    )
+    service = _Service(reader, authorize, config)
+    app = Starlette(
+        routes=[
+            Route("/", service.dashboard, methods=["GET"]),
+            Route("/dashboard.js", service.static, methods=["GET"]),
+            Route("/dashboard.css", service.static, methods=["GET"]),
+            Route("/jobs", service.list_jobs, methods=["GET"]),
+            Route("/jobs/{rest:path}", service.job, methods=["GET"]),
+        ],
+        exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+    )
+    app.state.jobpulse = service
+    return app
+
+
+# -- responses -------------------------------------------------------------------------------
+
+
+def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
+    return Response(
+        orjson.dumps(body), status_code=status, headers=headers, media_type="application/json"
+    )
+
+
+def _error(status: int, message: str) -> Response:
+    """A short JSON error: never a stack trace, never what Redis said."""
+    return _json({"error": message}, status, {"cache-control": "no-store"})
+
+
+async def _http_error(request: Request, exc: Exception) -> Response:
+    if not isinstance(exc, HTTPException):  # pragma: no cover - Starlette routes by type
+        return await _internal_error(request, exc)
+    return _error(exc.status_code, str(exc.detail).lower())
+
+
+async def _internal_error(request: Request, exc: Exception) -> Response:
+    log.error("jobpulse http: %s %s failed", request.method, request.url.path, exc_info=exc)
+    return _error(500, "internal error")
+
+
+def _failure(exc: Exception) -> Response:
+    """The response for a failed read of Redis (or a bug, re-raised to the 500 handler)."""
+    if isinstance(exc, ProtocolError):
+        log.warning("jobpulse http: corrupt job data: %s", exc)
+        return _error(502, "job data is corrupt")
+    if is_redis_fault(exc):
+        log.warning("jobpulse http: redis unavailable: %r", exc)
+        return _error(503, "status store unavailable")
+    raise exc
+
+
+def etag_of(status: JobStatus) -> str:
+    """A weak ETag naming the snapshot version: fence, seq, and the state (STALE has the same
+    seq as the RUNNING it was)."""
+    return f'W/"{status.fence or 0}.{status.seq or 0}.{status.state.name}"'
+
+
+def _matches(if_none_match: str, etag: str) -> bool:
+    """Weak comparison of ``If-None-Match`` (a list of tags, or ``*``) with ``etag``."""
+    opaque = etag.removeprefix("W/")
+    for tag in if_none_match.split(","):
+        tag = tag.strip()
+        if tag == "*" or tag.removeprefix("W/") == opaque:
+            return True
+    return False
+
+
+_EVENT_FIELDS = tuple(f.name for f in dataclasses.fields(Event))
+
+
+def event_data(job_id: str, event: Event) -> dict[str, Any]:
+    """The ``data:`` JSON of one event: ``job_id`` and every field of :class:`Event`."""
+    return {"job_id": job_id, **{name: getattr(event, name) for name in _EVENT_FIELDS}}
+
+
+class _FrameCache:
+    """Encoded SSE frames of recent events, shared by every client of the app.
+
+    The watch hub hands the same event to every watcher of a job; encoding it once instead of
+    once per client is what keeps a fan-out to thousands of clients cheap. Bounded (FIFO).
+    """
+
+    def __init__(self, size: int = 4096) -> None:
+        self._size = size
+        self._frames: OrderedDict[tuple[str, str, str, bool], bytes] = OrderedDict()
+
+    def frame(self, job_id: str, event: Event) -> bytes:
+        key = (job_id, event.id, event.kind, event.synthetic)
+        frame = self._frames.get(key)
+        if frame is None:
+            data = orjson.dumps(event_data(job_id, event)).decode()
+            frame = encode_event(data, event=event.kind, id=event.id)
+            self._frames[key] = frame
+            if len(self._frames) > self._size:
+                self._frames.popitem(last=False)
+        return frame
+
+
+# -- the service -----------------------------------------------------------------------------
+
+
+class _Service:
+    """The app's state and handlers (one per app)."""
+
+    def __init__(
+        self, reader: StatusReader, authorize: Authorize | None, config: HttpConfig
+    ) -> None:
+        self.reader = reader
+        self.authorize = authorize
+        self.config = config
+        self.schema = KeySchema(reader.namespace, config.index_shards)
+        package = resources.files(__package__) / "static"
+        self.files = {name: (package / name).read_bytes() for name in _STATIC}
+        self.frames = _FrameCache()
+
+    def __repr__(self) -> str:
+        return f"<jobpulse http namespace={self.reader.namespace} {self.config}>"
+
+    # -- helpers --
+
+    async def _allowed(self, request: Request, job_id: str) -> bool:
+        if self.authorize is None:
+            return True
+        verdict = self.authorize(request, job_id)
+        if inspect.isawaitable(verdict):
+            verdict = await verdict
+        return bool(verdict)
+
+    def _cache_control(self, status: JobStatus) -> str:
+        cfg = self.reader.config
+        ttl = cfg.terminal_seconds if status.state.is_terminal else cfg.cache_ttl
+        # HTTP caches count whole seconds: round down, so no cache keeps a status longer
+        # than the reader itself would.
+        return f"max-age={math.floor(ttl)}"
+
+    @property
+    def _redis(self) -> Any:
+        # The reader's client, for the two reads the reader has no API for yet: the index
+        # (GET /jobs) and the stream's first entry (the gap check). Keys come from KeySchema.
+        return self.reader._redis
+
+    # -- routes --
+
+    async def dashboard(self, request: Request) -> Response:
+        return Response(self.files["dashboard.html"], media_type=_MEDIA["html"])
+
+    async def static(self, request: Request) -> Response:
+        name = request.url.path.rsplit("/", 1)[-1]
+        return Response(
+            self.files[name],
+            media_type=_MEDIA[name.rsplit(".", 1)[-1]],
+            headers={"cache-control": "max-age=60"},
+        )
+
+    async def job(self, request: Request) -> Response:
+        rest: str = request.path_params["rest"]
+        raw = request.scope.get("raw_path")
+        tail = raw.endswith(b"/events") if isinstance(raw, bytes) else True
+        if tail and rest.endswith("/events"):
+            return await self.events(request, rest[: -len("/events")])
+        return await self.status(request, rest)
+
+    async def status(self, request: Request, job_id: str) -> Response:
+        """``GET /jobs/{job_id}``: the status as JSON, with an ETag."""
+        try:
+            check_job_id(job_id)
+        except InvalidJobId:
+            return _error(400, "invalid job id")
+        if not await self._allowed(request, job_id):
+            return _error(403, "forbidden")
+        try:
+            status = await self.reader.get(job_id)
+        except Exception as exc:
+            return _failure(exc)
+        if status.state is JobState.UNKNOWN:
+            return _error(404, "no such job")
+        headers = {"etag": etag_of(status), "cache-control": self._cache_control(status)}
+        match = request.headers.get("if-none-match")
+        if match is not None and _matches(match, headers["etag"]):
+            return Response(status_code=304, headers=headers)
+        return _json(status.as_dict(), headers=headers)
+
+    async def events(self, request: Request, job_id: str) -> Response:
+        """``GET /jobs/{job_id}/events``: the job's events as SSE, resumable."""
+        try:
+            check_job_id(job_id)
+        except InvalidJobId:
+            return _error(400, "invalid job id")
+        last = request.headers.get("last-event-id") or request.query_params.get("last_event_id")
+        if last is not None:
+            try:
+                parse_stream_id(last)
+            except (ValueError, TypeError):
+                return _error(400, "invalid last event id")
+        if not await self._allowed(request, job_id):
+            return _error(403, "forbidden")
+        try:
+            status = await self.reader.get(job_id)
+            gap = last is not None and await self._trimmed_after(job_id, last)
+        except Exception as exc:
+            return _failure(exc)
+        if status.state is JobState.UNKNOWN:
+            return _error(404, "no such job")
+        snapshot = {"gap": True, **status.as_dict()} if gap else None
+        frames = self._frames(job_id, last, snapshot)
+        return EventStream(
+            frames, keepalive=self.config.keepalive, retry=int(self.config.retry * 1000)
+        )
+
+    async def _trimmed_after(self, job_id: str, last: str) -> bool:
+        """True when entries after ``last`` may have been trimmed from the capped stream: the
+        stream lost entries and its first one is newer than ``last``."""
+        try:
+            info = await self._redis.xinfo_stream(self.schema.events(job_id))
+        except Exception as exc:
+            if "no such key" in str(exc).lower():
+                return False
+            raise
+        first = info.get("first-entry") or info.get(b"first-entry")
+        added = info.get("entries-added") or info.get(b"entries-added")
+        length = info.get("length") or info.get(b"length") or 0
+        if not first or added is None or int(added) <= int(length):
+            return False
+        return parse_stream_id(to_text(first[0]) or "0") > parse_stream_id(last)
+
+    async def _frames(
+        self, job_id: str, last: str | None, snapshot: dict[str, Any] | None
+    ) -> AsyncIterator[bytes]:
+        watch = self.reader.watch(job_id, last_event_id=last)
+        try:
+            if snapshot is not None:
+                # No id: the client keeps its Last-Event-ID until the first real entry.
+                yield encode_event(orjson.dumps(snapshot).decode(), event="snapshot")
+            async for event in watch:
+                yield self.frames.frame(job_id, event)
+        except Exception as exc:
+            if isinstance(exc, ProtocolError):
+                message = "job data is corrupt"
+            elif is_redis_fault(exc):
+                message = "status store unavailable"
+            else:
+                log.error("jobpulse http: event stream of %s failed", job_id, exc_info=exc)
+                message = "internal error"
+            yield encode_event(orjson.dumps({"error": message}).decode(), event="fault")
+        finally:
+            await watch.aclose()
+
+    async def list_jobs(self, request: Request) -> Response:
+        """``GET /jobs``: running and stale jobs, from the running-jobs index (never SCAN)."""
+        limit = self.config.max_jobs
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                for key in self.schema.indexes():
+                    pipe.zrange(key, 0, limit - 1)
+                shards = await pipe.execute()
+        except Exception as exc:
+            return _failure(exc)
+        ids = sorted({to_text(m) or "" for shard in shards for m in shard})
+        truncated = len(ids) > limit
+        allowed = []
+        for job_id in ids[:limit]:
+            try:
+                check_job_id(job_id)
+            except InvalidJobId:
+                continue
+            if await self._allowed(request, job_id):
+                allowed.append(job_id)
+        results = await asyncio.gather(
+            *(self.reader.get(job_id) for job_id in allowed), return_exceptions=True
+        )
+        jobs = []
+        for result in results:
+            if isinstance(result, JobStatus):
+                if result.state in _LISTED:
+                    jobs.append(result.as_dict())
+            elif isinstance(result, ProtocolError):
+                continue  # one corrupt job does not hide the others
+            elif isinstance(result, Exception):
+                return _failure(result)
+            else:
+                raise result
+        return _json({"jobs": jobs, "truncated": truncated}, headers={"cache-control": "no-store"})

@@ -1,0 +1,103 @@
+"""``serve()``: run the HTTP app with uvicorn against one Redis (``jobpulse serve``)."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+
+from .._protocol.keys import check_namespace
+
+__all__ = ["serve", "serve_async"]
+
+
+async def serve_async(
+    redis_url: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    namespace: str = "jobpulse",
+    *,
+    sock: socket.socket | None = None,
+    keepalive: float = 15.0,
+    index_shards: int = 1,
+    log_level: str = "info",
+) -> None:
+    """Serve the app until uvicorn is told to stop (SIGINT / SIGTERM); see :func:`serve`.
+
+    Args:
+        redis_url: ``redis://`` URL of the server holding the jobs.
+        host: interface to listen on.
+        port: port to listen on (ignored when ``sock`` is given).
+        namespace: the jobs' namespace.
+        sock: an already bound socket to serve on instead of ``host``/``port``.
+        keepalive: seconds between SSE keep-alive comments.
+        index_shards: the workers' ``index_shards``.
+        log_level: uvicorn's log level.
+    """
+    import redis.asyncio as aioredis
+    import uvicorn
+
+    from .._reader.reader import StatusReader
+    from .app import create_app
+
+    check_namespace(namespace)
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        async with StatusReader(client, namespace=namespace) as reader:
+            app = create_app(reader, keepalive=keepalive, index_shards=index_shards)
+            config = uvicorn.Config(
+                app, host=host, port=port, log_level=log_level, lifespan="off",
+                timeout_graceful_shutdown=2,
+            )  # fmt: skip
+            server = uvicorn.Server(config)
+            await server.serve(sockets=None if sock is None else [sock])
+    finally:
+        await client.aclose()
+
+
+def serve(
+    redis_url: str,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    namespace: str = "jobpulse",
+    *,
+    keepalive: float = 15.0,
+    index_shards: int = 1,
+    log_level: str = "info",
+) -> None:
+    """Run the dashboard and the JSON / SSE endpoints with uvicorn; blocks until stopped.
+
+    Args:
+        redis_url: ``redis://`` URL of the server holding the jobs.
+        host: interface to listen on.
+        port: port to listen on.
+        namespace: the jobs' namespace.
+        keepalive: seconds between SSE keep-alive comments.
+        index_shards: the workers' ``index_shards``.
+        log_level: uvicorn's log level.
+
+    Raises:
+        InvalidJobId: ``namespace`` is invalid.
+    """
+    asyncio.run(
+        serve_async(
+            redis_url,
+            host,
+            port,
+            namespace,
+            keepalive=keepalive,
+            index_shards=index_shards,
+            log_level=log_level,
+        )
+    )
+
+
+if __name__ == "__main__":  # python -m jobpulse.http.serve URL [HOST PORT NAMESPACE]
+    import sys
+
+    args = sys.argv[1:]
+    serve(
+        args[0],
+        args[1] if len(args) > 1 else "127.0.0.1",
+        int(args[2]) if len(args) > 2 else 8000,
+        args[3] if len(args) > 3 else "jobpulse",
+    )
