@@ -162,3 +162,25 @@ async def test_checkpoint_is_recorded_and_beats_keep_seq_order(client: AnyRedis,
     assert cps[1][b"stage"] == b"save"
     seqs = [int(e[1][b"seq"]) for e in entries]
     assert seqs == sorted(seqs)
+
+
+async def test_a_thousand_jobs_entering_and_leaving_at_once_on_one_client(
+    client: AnyRedis, ns: str
+) -> None:
+    """More concurrent jobs than redis-py's pool has connections (100 by default)."""
+    release = asyncio.Event()
+
+    async def job(i: int) -> int:
+        async with heartbeat(client, f"many-{i}", namespace=ns, interval=0.2, ttl=30) as hb:
+            hb.progress.advance(i)
+            await release.wait()
+        return i
+
+    tasks = [asyncio.create_task(job(i)) for i in range(1000)]
+    await asyncio.sleep(1.0)
+    release.set()
+    assert sorted(await asyncio.gather(*tasks)) == list(range(1000))
+    done = await asyncio.gather(
+        *(client.hget(KeySchema(ns).state(f"many-{i}"), "status") for i in range(0, 1000, 97))
+    )
+    assert set(done) == {b"COMPLETED"}

@@ -251,3 +251,20 @@ async def test_redis_frozen_longer_than_ttl_stops_the_job_and_records_lost(
     assert state[b"status"] == b"LOST"
     assert b"expired" in state[b"error"]
     assert not await private.exists(keys.lease, keys.alive)
+
+
+async def test_a_retried_final_write_is_idempotent(redis: aioredis.Redis, ns: str) -> None:
+    """The final write's reply may be lost; its retry must answer "already ended", never
+    "fenced out" (which would turn a COMPLETED job into a LeaseLost for the caller)."""
+    keys = KeySchema(ns).job("twice")
+    async with heartbeat(redis, "twice", namespace=ns, interval=30, ttl=60) as hb:
+        token, fence = hb._token, hb.fence
+    await redis.script_load(SCRIPTS.finish.text)
+    values = ["1", "", "", "", "", "", "", ""]
+    again = await redis.evalsha(
+        SCRIPTS.finish.sha, 5, *keys.all(), token, fence, 5000, 999, "COMPLETED", "", 100,
+        60_000, "", *values,
+    )  # fmt: skip
+    assert again[0] == 0
+    kinds = [e[b"kind"] for _, e in await redis.xrange(keys.events)]
+    assert kinds.count(b"end") == 1

@@ -16,6 +16,7 @@ Invariants:
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import secrets
@@ -200,34 +201,24 @@ class JobHeartbeat:
         if self._host is not None:
             raise RuntimeError("a JobHeartbeat can be entered only once")
         self._host = asyncio.current_task()
+        self._ticker = ticker = Ticker.for_client(self._redis, self._clock)
         self.progress = ProgressCell(self._total)
         try:
-            await self._acquire()
+            async with ticker.slot():
+                await self._acquire()
         except BaseException:
             self.progress._unlink()
             raise
-        self._ticker = Ticker.for_client(self._redis, self._clock)
-        self._ticker.add(self)
+        ticker.add(self)
         self._in_body = True
         return self
 
     async def _acquire(self) -> None:
+        args = [self._token, self._cfg.ttl_ms, self._cfg.maxlen, self._worker]
+        args += [fmt_int(self._total), self._meta, ""]
         sent_at = self._clock()
         async with asyncio.timeout(self._cfg.ttl):
-            reply = await evalsha(
-                self._redis,
-                SCRIPTS.acquire,
-                self._keys,
-                [
-                    self._token,
-                    self._cfg.ttl_ms,
-                    self._cfg.maxlen,
-                    self._worker,
-                    fmt_int(self._total),
-                    self._meta,
-                    "",
-                ],
-            )
+            reply = await evalsha(self._redis, SCRIPTS.acquire, self._keys, args)
         if int(reply[0]) != 1:
             raise JobBusy(self.job_id)
         self.fence, self.attempt, self._seq = int(reply[1]), int(reply[2]), int(reply[3])
@@ -334,11 +325,9 @@ class JobHeartbeat:
             ]
             left = deadline - self._clock()
             try:
-                async with asyncio.timeout(max(left, 0.01)):
+                async with asyncio.timeout(max(left, 0.01)), self._slot():
                     reply = await evalsha(self._redis, SCRIPTS.finish, self._keys, args)
-                    code = int(reply[0])
-                    if code >= 0:
-                        await self._redis.zrem(self._schema.index_for(self.job_id), self.job_id)
+                code = int(reply[0])
             except Exception as exc:
                 if not is_redis_fault(exc):
                     raise
@@ -351,7 +340,23 @@ class JobHeartbeat:
                 continue
             if code < 0:
                 self._lease.lose(classify_beat(code)[1] or LeaseLostCause.FENCED_OUT)
+            else:
+                await self._unindex()
             return True
+
+    async def _unindex(self) -> None:
+        """Drop the job from the running-jobs index (best effort: a sweeper drops entries of
+        ended jobs it meets, so a failure here costs one wasted claim attempt, never a job)."""
+        try:
+            async with asyncio.timeout(self._cfg.ttl), self._slot():
+                await self._redis.zrem(self._schema.index_for(self.job_id), self.job_id)
+        except Exception as exc:
+            if not is_redis_fault(exc):
+                raise
+            self._warn.warning("job %s: could not drop it from the index: %r", self.job_id, exc)
+
+    def _slot(self) -> contextlib.AbstractAsyncContextManager[None]:
+        return self._ticker.slot() if self._ticker is not None else contextlib.nullcontext()
 
     # -- called by the ticker (synchronous, no I/O) ------------------------------------------
 

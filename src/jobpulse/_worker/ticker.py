@@ -33,6 +33,9 @@ __all__ = ["CHUNK", "Ticker"]
 
 log = logging.getLogger("jobpulse")
 CHUNK = 256
+SENDS = 16
+"""Pipelines in flight at once per client: redis-py's pool refuses a 101st connection by
+default (MaxConnectionsError), and a few pipelines already keep one Redis busy."""
 _TICKERS: weakref.WeakValueDictionary[int, Ticker] = weakref.WeakValueDictionary()
 
 
@@ -48,6 +51,7 @@ class Ticker:
         self._task: asyncio.Task[None] | None = None
         self._sampler = ProcessSampler(clock)
         self._warn = RateLimitedLog(log, clock)
+        self._sends = asyncio.Semaphore(SENDS)
         self._server_delta: float | None = None  # server clock (s) minus our clock
         self.pipelines = 0
 
@@ -73,6 +77,12 @@ class Ticker:
 
     def wake(self) -> None:
         self._wake.set()
+
+    def slot(self) -> asyncio.Semaphore:
+        """One of the ``SENDS`` connections jobpulse may use on this client at once: every
+        acquire, final write and beat pipeline takes one, so a burst of jobs entering or leaving
+        together waits here instead of exhausting redis-py's pool (MaxConnectionsError)."""
+        return self._sends
 
     def sample(self) -> ProcessSample:
         return self._sampler.sample()
@@ -145,7 +155,7 @@ class Ticker:
         budget = max(0.05, min(job._lease.left(sent_at) for job in jobs))
         index = self._index_refresh(jobs)
         try:
-            async with asyncio.timeout(budget):
+            async with asyncio.timeout(budget), self._sends:
                 pipe = self._redis.pipeline(transaction=False)
                 for job, args in beats:
                     # execute_command: redis-py blocks pipe.evalsha() on RedisCluster pipelines

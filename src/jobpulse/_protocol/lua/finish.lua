@@ -9,10 +9,15 @@
   ARGV[18..] optional field, value pairs (static fields, resent after a data loss)
 
   Returns {code, now_ms}
-    code 1 written; 0 the job had already ended (nothing written);
+    code 1 written; 0 the job had already ended (nothing written; also the answer to a retry
+         of our own final write whose first reply was lost);
          -1 taken over; -2 fenced out (nothing written)
 ]]
 local fence = tonumber(ARGV[2])
+-- Idempotent: a retry after an ambiguous failure (the reply was lost) finds the job ended under
+-- our own fence — only the fence holder writes a terminal state — and answers "already ended".
+local ended = redis.call('HMGET', KEYS[1], 'status', 'fence')
+if ended[1] and ended[1] ~= 'RUNNING' and tonumber(ended[2]) == fence then return {0, 0} end
 local code = owner(ARGV[1], fence, tonumber(ARGV[3]))
 if code < 0 then return {code, 0} end
 local h = redis.call('HMGET', KEYS[1], 'status', 'seq')
