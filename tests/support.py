@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
-from typing import TypeVar
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -64,3 +64,26 @@ class Monitor:
             for line in list(self.lines)
             if " lua]" not in line and '"' in line
         ]
+
+
+def url_of(client: object) -> str:
+    """A URL a worker process can open with :func:`connect` to reach what ``client`` reaches:
+    ``cluster:redis://host:port/0`` for a ``RedisCluster``, ``redis://host:port/db`` else."""
+    from redis.asyncio.cluster import RedisCluster
+
+    if isinstance(client, RedisCluster):
+        node = client.get_default_node()
+        return f"cluster:redis://{node.host}:{node.port}/0"
+    kw = client.connection_pool.connection_kwargs  # type: ignore[attr-defined]
+    return f"redis://{kw['host']}:{kw['port']}/{kw.get('db', 0)}"
+
+
+async def connect(url: str) -> Any:
+    """A ``redis.asyncio`` client for a URL of :func:`url_of` (a cluster client for
+    ``cluster:`` URLs, initialized before it is shared by concurrent tasks)."""
+    import redis.asyncio as aioredis
+    from redis.asyncio.cluster import RedisCluster
+
+    if url.startswith("cluster:"):
+        return await RedisCluster.from_url(url.removeprefix("cluster:")).initialize()
+    return aioredis.Redis.from_url(url)

@@ -1,6 +1,7 @@
 """A worker process for the reader tests: holds a heartbeat until it is killed.
 
-Usage: ``python tests/integration/reader_worker.py REDIS_URL NAMESPACE JOB_ID TTL INTERVAL``.
+Usage: ``python tests/integration/reader_worker.py REDIS_URL NAMESPACE JOB_ID TTL INTERVAL``
+(``cluster:redis://...`` for a Redis Cluster).
 Prints ``ready`` once the job is visible, then advances forever.
 """
 
@@ -8,14 +9,23 @@ from __future__ import annotations
 
 import asyncio
 import sys
+from typing import Any
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
 from jobpulse import heartbeat
 
 
+async def connect(url: str) -> Any:
+    """As ``tests.support.connect`` (this script runs by path, outside the package)."""
+    if url.startswith("cluster:"):
+        return await RedisCluster.from_url(url.removeprefix("cluster:")).initialize()
+    return aioredis.Redis.from_url(url)
+
+
 async def main(url: str, namespace: str, job_id: str, ttl: float, interval: float) -> None:
-    client = aioredis.Redis.from_url(url)
+    client = await connect(url)
     async with heartbeat(
         client, job_id, namespace=namespace, ttl=ttl, interval=interval, stream_every=1
     ) as hb:

@@ -19,21 +19,26 @@ import redis.asyncio as aioredis
 from jobpulse import LeaseLost, Sweeper, heartbeat
 from jobpulse._protocol.keys import KeySchema
 
+from ..support import connect
+
 
 def say(**fields: Any) -> None:
     print(json.dumps(fields), flush=True)
 
 
-async def hold(url: str, ns: str, ids: list[str], interval: float, ttl: float) -> None:
+async def hold(
+    url: str, ns: str, ids: list[str], interval: float, ttl: float, index_shards: int = 1
+) -> None:
     """Run every job of ``ids`` until killed; each records two checkpoints first."""
-    client = aioredis.Redis.from_url(url)
+    client = await connect(url)
     entered = 0
     all_in = asyncio.Event()
     gate = asyncio.Semaphore(10)  # a loaded machine must not turn 50 acquires into timeouts
 
     async def one(job_id: str) -> None:
         nonlocal entered
-        opts = {"namespace": ns, "interval": interval, "ttl": ttl, "index_every": 1}
+        opts = {"namespace": ns, "interval": interval, "ttl": ttl, "index_every": 1,
+                "index_shards": index_shards}  # fmt: skip
         await gate.acquire()
         async with heartbeat(client, job_id, **opts) as hb:
             hb.set_stage("work")
@@ -56,7 +61,7 @@ async def hold(url: str, ns: str, ids: list[str], interval: float, ttl: float) -
 async def frozen(url: str, ns: str, job_id: str, interval: float, ttl: float) -> None:
     """One job that keeps checkpointing; the test freezes it (SIGSTOP) and thaws it (SIGCONT).
     Prints what happened to it once it stops."""
-    client = aioredis.Redis.from_url(url)
+    client = await connect(url)
     tried = 0
     opts = {"namespace": ns, "interval": interval, "ttl": ttl, "index_every": 1, "worker": "old"}
     try:
@@ -77,7 +82,7 @@ async def frozen(url: str, ns: str, job_id: str, interval: float, ttl: float) ->
 
 async def live(url: str, ns: str, ids: list[str], interval: float, ttl: float, run: float) -> None:
     """Jobs that stay alive for ``run`` seconds and complete; prints how each ended."""
-    client = aioredis.Redis.from_url(url)
+    client = await connect(url)
     outcomes: dict[str, str] = {}
 
     async def one(job_id: str) -> None:
@@ -111,7 +116,7 @@ async def _sweep_process(url: str, ns: str, sweepers: int, within: float) -> tup
     claimed: list[str] = []
 
     async def sweeper(n: int) -> None:
-        client = aioredis.Redis.from_url(url)
+        client = await connect(url)
         try:
             s = Sweeper(client, namespace=ns, batch=16, name=f"{os.getpid()}-{n}")
             while True:

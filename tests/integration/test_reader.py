@@ -15,14 +15,16 @@ from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
 from jobpulse import InvalidJobId, JobState, ProtocolError, StatusReader, heartbeat
 from jobpulse._protocol.keys import KeySchema
 from jobpulse._provision import RedisServer
 
-from ..support import eventually
+from ..support import eventually, url_of
 
 WORKER = Path(__file__).with_name("reader_worker.py")
+AnyRedis = aioredis.Redis | RedisCluster
 
 
 async def command_calls(client: aioredis.Redis) -> dict[str, int]:
@@ -52,9 +54,11 @@ async def worker_process(url: str, ns: str, job: str, ttl: float) -> AsyncIterat
         await proc.wait()
 
 
-async def test_get_reads_a_live_job(redis: aioredis.Redis, ns: str) -> None:
-    reader = StatusReader(redis, namespace=ns)
-    async with heartbeat(redis, "live", namespace=ns, total=40, meta={"k": 1}, interval=0.05) as hb:
+async def test_get_reads_a_live_job(client: AnyRedis, ns: str) -> None:
+    reader = StatusReader(client, namespace=ns)
+    async with heartbeat(
+        client, "live", namespace=ns, total=40, meta={"k": 1}, interval=0.05
+    ) as hb:
         hb.set_stage("load")
         hb.progress.set(10)
 
@@ -71,7 +75,7 @@ async def test_get_reads_a_live_job(redis: aioredis.Redis, ns: str) -> None:
     assert s.worker
     assert s.started_ms
     assert s.cancel_requested is False
-    final = await StatusReader(redis, namespace=ns, cache_ttl=0).get("live")
+    final = await StatusReader(client, namespace=ns, cache_ttl=0).get("live")
     assert final.state is JobState.COMPLETED
     assert final.finished_ms is not None
 
@@ -94,10 +98,10 @@ async def test_get_works_with_and_without_decode_responses(
 
 
 async def test_alive_but_not_advancing_shows_a_growing_progress_age(
-    redis: aioredis.Redis, ns: str
+    client: AnyRedis, ns: str
 ) -> None:
-    reader = StatusReader(redis, namespace=ns, cache_ttl=0)
-    async with heartbeat(redis, "idle", namespace=ns, interval=0.05, ttl=1.0) as hb:
+    reader = StatusReader(client, namespace=ns, cache_ttl=0)
+    async with heartbeat(client, "idle", namespace=ns, interval=0.05, ttl=1.0) as hb:
         hb.progress.set(3)
         first = await eventually(lambda: _when(reader, "idle", lambda s: s.done == 3))
 
@@ -160,11 +164,11 @@ async def test_a_fields_subset_does_not_transfer_a_large_meta(private_redis: Red
 
 
 async def test_sigkilled_worker_is_stale_within_ttl_plus_cache_ttl(
-    redis_url: str, redis: aioredis.Redis, ns: str
+    client: AnyRedis, ns: str
 ) -> None:
     ttl, cache_ttl = 1.0, 0.5
-    reader = StatusReader(redis, namespace=ns, cache_ttl=cache_ttl)
-    async with worker_process(redis_url, ns, "victim", ttl) as pid:
+    reader = StatusReader(client, namespace=ns, cache_ttl=cache_ttl)
+    async with worker_process(url_of(client), ns, "victim", ttl) as pid:
         assert (await reader.get("victim")).state is JobState.RUNNING
         killed = time.monotonic()
         os.kill(pid, signal.SIGKILL)
@@ -219,20 +223,20 @@ async def test_seq_never_goes_backwards_under_racing_writers(
     assert returned[-1][0] == 2
 
 
-async def test_an_older_snapshot_is_never_returned(redis: aioredis.Redis, ns: str) -> None:
+async def test_an_older_snapshot_is_never_returned(client: AnyRedis, ns: str) -> None:
     keys = KeySchema(ns).job("lag")
-    reader = StatusReader(redis, namespace=ns, cache_ttl=0)
-    await redis.hset(keys.state, mapping={"status": "RUNNING", "seq": 10, "fence": 2, "done": 9})
+    reader = StatusReader(client, namespace=ns, cache_ttl=0)
+    await client.hset(keys.state, mapping={"status": "RUNNING", "seq": 10, "fence": 2, "done": 9})
     assert (await reader.get("lag")).seq == 10
     # What a lagging replica (or a late reply) would show: an older seq of the same fence.
-    await redis.hset(keys.state, mapping={"seq": 4, "done": 3})
+    await client.hset(keys.state, mapping={"seq": 4, "done": 3})
     s = await reader.get("lag")
     assert (s.fence, s.seq, s.done) == (2, 10, 9)
-    await redis.hset(keys.state, mapping={"fence": 3, "seq": 1, "done": 0})  # a newer attempt
+    await client.hset(keys.state, mapping={"fence": 3, "seq": 1, "done": 0})  # a newer attempt
     assert (await reader.get("lag")).fence == 3
-    await redis.delete(keys.state)  # the snapshot is gone: the guard starts over
+    await client.delete(keys.state)  # the snapshot is gone: the guard starts over
     assert (await reader.get("lag")).state is JobState.UNKNOWN
-    await redis.hset(keys.state, mapping={"status": "RUNNING", "seq": 1, "fence": 1})
+    await client.hset(keys.state, mapping={"status": "RUNNING", "seq": 1, "fence": 1})
     assert (await reader.get("lag")).seq == 1
 
 

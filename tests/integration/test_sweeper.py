@@ -17,16 +17,18 @@ from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
 from jobpulse import InvalidJobId, StaleJob, Sweeper, heartbeat
 from jobpulse._protocol.keys import KeySchema
 from jobpulse._provision import RedisServer
 
-from ..support import eventually
+from ..support import eventually, url_of
 from . import sweep_worker
 
 ROOT = Path(__file__).resolve().parents[2]
 Proc = asyncio.subprocess.Process
+AnyRedis = aioredis.Redis | RedisCluster
 
 
 @pytest.fixture
@@ -71,18 +73,20 @@ async def kill(*procs: Proc) -> None:
         await proc.wait()
 
 
-async def seed_stale(redis: aioredis.Redis, ns: str, job_id: str, fence: int = 1) -> None:
+async def seed_stale(
+    client: AnyRedis, ns: str, job_id: str, fence: int = 1, shards: int = 1
+) -> None:
     """A RUNNING job with no liveness and an index deadline in the past, as a dead worker
     leaves it (written directly: these tests are about the sweeper's loop, not the worker)."""
-    schema = KeySchema(ns)
+    schema = KeySchema(ns, shards)
     keys = schema.job(job_id)
-    seconds, _ = await redis.time()
-    await redis.hset(
+    seconds, _ = await client.time()
+    await client.hset(
         keys.state,
         mapping={"status": "RUNNING", "seq": 3, "fence": fence, "attempt": 1},
     )
-    await redis.set(keys.fence, fence)
-    await redis.zadd(schema.index_for(job_id), {job_id: (seconds - 10) * 1000})
+    await client.set(keys.fence, fence)
+    await client.zadd(schema.index_for(job_id), {job_id: (seconds - 10) * 1000})
 
 
 # -- exactly once ----------------------------------------------------------------------------------
@@ -130,16 +134,49 @@ async def test_20_sweepers_in_4_processes_claim_each_of_200_killed_jobs_exactly_
     assert await redis.zcard(schema.index(0)) == 0
 
 
+async def test_concurrent_sweepers_claim_each_of_20_killed_jobs_exactly_once_on_3_shards(
+    client: AnyRedis, ns: str, spawn: Any
+) -> None:
+    """The same guarantee on a single Redis and on a cluster, where the 3 index shards and the
+    jobs' slots spread over the masters: a real worker process is SIGKILLed (no final write),
+    then 5 sweepers race for its 20 stale jobs."""
+    ids = [f"k{i}" for i in range(20)]
+    schema = KeySchema(ns, 3)
+    args = {"url": url_of(client), "ns": ns, "interval": 0.2, "ttl": 1.0, "index_shards": 3}
+    proc, ready = await spawn("hold", ids=ids, **args)
+    assert ready["ready"]
+    counts = [await client.zcard(shard) for shard in schema.indexes()]
+    assert sum(counts) == 20
+    assert sum(1 for n in counts if n) >= 2  # the jobs spread over the shards
+    await kill(proc)
+    sweepers = [Sweeper(client, namespace=ns, index_shards=3, batch=4) for _ in range(5)]
+    claimed: list[str] = []
+
+    async def sweep_until_empty(sweeper: Sweeper) -> None:
+        while True:
+            claimed.extend(job.job_id for job in await sweeper.sweep())
+            if not any([await client.zcard(shard) for shard in schema.indexes()]):
+                return
+            await asyncio.sleep(0.01)
+
+    async with asyncio.timeout(60):
+        await asyncio.gather(*(sweep_until_empty(s) for s in sweepers))
+    assert Counter(claimed) == Counter(ids)  # every job once, none twice
+    for job_id in ids:
+        keys = schema.job(job_id)
+        assert await client.hmget(keys.state, "status", "fence") == [b"LOST", b"2"]
+        kinds = [e[1][b"kind"] for e in await client.xrange(keys.events)]
+        assert kinds.count(b"stale") == 1
+
+
 async def _equals(value: Any, expected: object) -> bool:
     return bool(await value == expected)
 
 
-async def test_one_sweep_drains_more_stale_jobs_than_a_batch(
-    redis: aioredis.Redis, ns: str
-) -> None:
+async def test_one_sweep_drains_more_stale_jobs_than_a_batch(client: AnyRedis, ns: str) -> None:
     for i in range(70):
-        await seed_stale(redis, ns, f"s{i}")
-    sweeper = Sweeper(redis, namespace=ns, batch=16)
+        await seed_stale(client, ns, f"s{i}", shards=3)
+    sweeper = Sweeper(client, namespace=ns, batch=16, index_shards=3)
     claimed = await sweeper.sweep()
     assert sorted(job.job_id for job in claimed) == sorted(f"s{i}" for i in range(70))
     assert await sweeper.sweep() == []
@@ -152,13 +189,13 @@ async def test_one_sweep_drains_more_stale_jobs_than_a_batch(
 
 
 async def test_frozen_worker_is_claimed_restarted_elsewhere_and_fenced_out_when_thawed(
-    redis_url: str, redis: aioredis.Redis, ns: str, spawn: Any
+    client: AnyRedis, ns: str, spawn: Any
 ) -> None:
     keys = KeySchema(ns).job("frozen")
-    args = {"url": redis_url, "ns": ns, "job_id": "frozen", "interval": 0.2, "ttl": 1.0}
+    args = {"url": url_of(client), "ns": ns, "job_id": "frozen", "interval": 0.2, "ttl": 1.0}
     old, ready = await spawn("frozen", **args)
     old.send_signal(signal.SIGSTOP)
-    sweeper = Sweeper(redis, namespace=ns)
+    sweeper = Sweeper(client, namespace=ns)
     found: list[StaleJob] = []
 
     async def claimed() -> bool:
@@ -173,9 +210,9 @@ async def test_frozen_worker_is_claimed_restarted_elsewhere_and_fenced_out_when_
     assert stale.worker == "old"
     assert stale.stale_for >= 1.0 * 0.9  # no heartbeat for about a ttl (server clock)
     assert isinstance(stale.checkpoint, dict)
-    assert await redis.hget(keys.state, "status") == b"LOST"
+    assert await client.hget(keys.state, "status") == b"LOST"
 
-    async with heartbeat(redis, "frozen", namespace=ns, interval=0.2, ttl=1.0, worker="new") as hb:
+    async with heartbeat(client, "frozen", namespace=ns, interval=0.2, ttl=1.0, worker="new") as hb:
         assert hb.attempt == 2
         assert hb.fence == stale.fence + 1
         assert hb.resume_from == stale.checkpoint
@@ -183,7 +220,7 @@ async def test_frozen_worker_is_claimed_restarted_elsewhere_and_fenced_out_when_
         outcome = await read_line(old)
         assert outcome["outcome"] == "LeaseLost"
         assert await asyncio.wait_for(old.wait(), 30) == 0
-        state = await redis.hgetall(keys.state)
+        state = await client.hgetall(keys.state)
         assert state[b"status"] == b"RUNNING"
         assert state[b"worker"] == b"new"
         assert int(state[b"fence"]) == hb.fence
@@ -191,11 +228,11 @@ async def test_frozen_worker_is_claimed_restarted_elsewhere_and_fenced_out_when_
         assert int(state[b"seq"]) <= hb.statistics().seq  # no seq from the old worker
         await hb.checkpoint(step="new")
 
-    state = await redis.hgetall(keys.state)
+    state = await client.hgetall(keys.state)
     assert state[b"status"] == b"COMPLETED"
     assert state[b"worker"] == b"new"
     assert int(state[b"fence"]) == hb.fence
-    events = [e[1] for e in await redis.xrange(keys.events)]
+    events = [e[1] for e in await client.xrange(keys.events)]
     kinds = [e[b"kind"] for e in events]
     assert kinds.count(b"stale") == 1
     after = events[kinds.index(b"stale") + 1 :]
@@ -244,27 +281,27 @@ async def test_live_jobs_on_cpu_saturated_workers_are_never_claimed(
 
 
 async def test_restarted_job_reads_the_details_of_its_last_checkpoint(
-    redis_url: str, redis: aioredis.Redis, ns: str, spawn: Any
+    client: AnyRedis, ns: str, spawn: Any
 ) -> None:
-    args = {"url": redis_url, "ns": ns, "interval": 0.2, "ttl": 1.0}
+    args = {"url": url_of(client), "ns": ns, "interval": 0.2, "ttl": 1.0}
     proc, _ = await spawn("hold", ids=["report"], **args)
     await kill(proc)
-    sweeper = Sweeper(redis, namespace=ns)
+    sweeper = Sweeper(client, namespace=ns)
     [stale] = await eventually(sweeper.sweep, within=30)
     assert stale.checkpoint == {"job": "report", "phase": "b"}
     assert stale.stage == "work"
     assert stale.snapshot["done"] == "3"
 
-    async with heartbeat(redis, "report", namespace=ns, interval=0.2, ttl=1.0) as hb:
+    async with heartbeat(client, "report", namespace=ns, interval=0.2, ttl=1.0) as hb:
         assert hb.attempt == 2
         assert hb.resume_from == {"job": "report", "phase": "b"}
         assert hb.fence == stale.fence + 1
     keys = KeySchema(ns).job("report")
-    kinds = [e[1][b"kind"] for e in await redis.xrange(keys.events)]
+    kinds = [e[1][b"kind"] for e in await client.xrange(keys.events)]
     assert kinds[0] == b"start"
     assert kinds[kinds.index(b"stale") + 1] == b"start"  # the history of attempt 1 is kept
     assert kinds[-1] == b"end"
-    assert await redis.hget(keys.state, "status") == b"COMPLETED"
+    assert await client.hget(keys.state, "status") == b"COMPLETED"
 
 
 # -- index hygiene ---------------------------------------------------------------------------------
@@ -291,11 +328,11 @@ async def test_ended_expired_and_foreign_entries_leave_the_index_alive_ones_move
     assert (stats.alive, stats.dropped, stats.claimed) == (1, 2, 0)
 
 
-async def test_a_finished_worker_removes_its_index_entry(redis: aioredis.Redis, ns: str) -> None:
+async def test_a_finished_worker_removes_its_index_entry(client: AnyRedis, ns: str) -> None:
     index = KeySchema(ns).index(0)
-    async with heartbeat(redis, "short", namespace=ns, interval=0.05, ttl=0.5):
-        assert await redis.zscore(index, "short") is not None
-    assert await redis.zscore(index, "short") is None
+    async with heartbeat(client, "short", namespace=ns, interval=0.05, ttl=0.5):
+        assert await client.zscore(index, "short") is not None
+    assert await client.zscore(index, "short") is None
 
 
 # -- the loop --------------------------------------------------------------------------------------

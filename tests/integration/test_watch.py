@@ -9,17 +9,20 @@ import signal
 
 import pytest
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
 from jobpulse import Event, JobState, ProtocolError, StatusReader, heartbeat
 from jobpulse._protocol.keys import KeySchema
 from jobpulse._protocol.scripts import SCRIPTS, evalsha
-from jobpulse._provision import RedisServer
+from jobpulse._provision import LocalCluster, RedisServer
 
-from ..support import eventually
+from ..support import eventually, url_of
 from .test_reader import worker_process
 
+AnyRedis = aioredis.Redis | RedisCluster
 
-async def stream_ids(redis: aioredis.Redis, ns: str, job: str) -> list[str]:
+
+async def stream_ids(redis: AnyRedis, ns: str, job: str) -> list[str]:
     return [e[0].decode() for e in await redis.xrange(KeySchema(ns).events(job))]
 
 
@@ -27,19 +30,19 @@ async def collect(reader: StatusReader, job: str, last: str | None = None) -> li
     return [e async for e in reader.watch(job, last_event_id=last)]
 
 
-async def run_job(redis: aioredis.Redis, ns: str, job: str, steps: int = 5) -> None:
+async def run_job(redis: AnyRedis, ns: str, job: str, steps: int = 5) -> None:
     async with heartbeat(redis, job, namespace=ns, interval=0.05, stream_every=1) as hb:
         for i in range(steps):
             hb.progress.advance()
             await hb.checkpoint(step=i)
 
 
-async def test_history_then_live_then_end(redis: aioredis.Redis, ns: str) -> None:
-    async with StatusReader(redis, namespace=ns) as reader:
+async def test_history_then_live_then_end(client: AnyRedis, ns: str) -> None:
+    async with StatusReader(client, namespace=ns) as reader:
         started = asyncio.Event()
 
         async def job() -> None:
-            async with heartbeat(redis, "j", namespace=ns, interval=0.05, stream_every=1) as hb:
+            async with heartbeat(client, "j", namespace=ns, interval=0.05, stream_every=1) as hb:
                 hb.set_stage("one")
                 await hb.checkpoint(n=1)
                 started.set()
@@ -51,7 +54,7 @@ async def test_history_then_live_then_end(redis: aioredis.Redis, ns: str) -> Non
         await started.wait()
         events = await collect(reader, "j")  # joins mid-job: history, then live
         await task
-    assert [e.id for e in events] == await stream_ids(redis, ns, "j")
+    assert [e.id for e in events] == await stream_ids(client, ns, "j")
     assert events[0].kind == "start"
     assert events[-1].kind == "end"
     assert events[-1].status == "COMPLETED"
@@ -62,20 +65,20 @@ async def test_history_then_live_then_end(redis: aioredis.Redis, ns: str) -> Non
     assert all(e.ts and e.fence for e in events)
 
 
-async def test_watch_of_an_ended_job_replays_and_ends(redis: aioredis.Redis, ns: str) -> None:
-    await run_job(redis, ns, "done")
-    async with StatusReader(redis, namespace=ns) as reader:
+async def test_watch_of_an_ended_job_replays_and_ends(client: AnyRedis, ns: str) -> None:
+    await run_job(client, ns, "done")
+    async with StatusReader(client, namespace=ns) as reader:
         events = await collect(reader, "done")
-        assert [e.id for e in events] == await stream_ids(redis, ns, "done")
+        assert [e.id for e in events] == await stream_ids(client, ns, "done")
         assert reader.statistics().watch.xreads == 0  # never needed the live loop
 
 
-async def test_resume_exactly_after_an_event_id(redis: aioredis.Redis, ns: str) -> None:
-    async with StatusReader(redis, namespace=ns) as reader:
+async def test_resume_exactly_after_an_event_id(client: AnyRedis, ns: str) -> None:
+    async with StatusReader(client, namespace=ns) as reader:
         proceed = asyncio.Event()
 
         async def job() -> None:
-            async with heartbeat(redis, "r", namespace=ns, interval=0.05, stream_every=1) as hb:
+            async with heartbeat(client, "r", namespace=ns, interval=0.05, stream_every=1) as hb:
                 for i in range(4):
                     await hb.checkpoint(i=i)
                 await proceed.wait()
@@ -92,7 +95,7 @@ async def test_resume_exactly_after_an_event_id(redis: aioredis.Redis, ns: str) 
         proceed.set()
         rest = await collect(reader, "r", last=first[-1].id)  # resumes while the job runs
         await task
-        ids = await stream_ids(redis, ns, "r")
+        ids = await stream_ids(client, ns, "r")
         assert [e.id for e in first + rest] == ids  # no gap, no duplicate
         for k in (0, len(ids) // 2, len(ids) - 2):  # and from any id once it ended
             assert [e.id for e in await collect(reader, "r", last=ids[k])] == ids[k + 1 :]
@@ -146,8 +149,49 @@ async def test_watchers_of_many_jobs_share_one_xread_connection(
         await client.aclose()
 
 
-async def _all_started(client: aioredis.Redis, jobs: list[str]) -> bool:
-    schema = KeySchema()
+async def test_on_a_cluster_one_xread_connection_per_master_follows_jobs_of_many_slots(
+    redis_cluster: LocalCluster, ns: str
+) -> None:
+    """12 jobs in 12 slots: each master's loop follows its jobs' slots (polling, since XREAD
+    cannot cross slots) on one connection of its own, and every watcher gets every event."""
+    client = await RedisCluster.from_url(redis_cluster.url).initialize()
+    schema = KeySchema(ns)
+    jobs = [f"m{i}" for i in range(12)]
+    assert len({client.keyslot(schema.events(j)) for j in jobs}) == 12
+    gate = asyncio.Event()
+    try:
+        async with StatusReader(client, namespace=ns, watch_poll=0.05) as reader:
+
+            async def job(job_id: str) -> None:
+                async with heartbeat(client, job_id, namespace=ns, interval=0.1, ttl=5) as hb:
+                    await gate.wait()
+                    for i in range(3):
+                        await hb.checkpoint(i=i)
+
+            running = [asyncio.create_task(job(j)) for j in jobs]
+            await eventually(lambda: _all_started(client, jobs, ns), within=30)
+            watchers = [asyncio.create_task(collect(reader, j)) for j in jobs for _ in range(2)]
+            await eventually(lambda: _attached(reader, 24), within=30)
+            masters = {client.get_node_from_key(schema.events(j)).name for j in jobs}
+            assert reader.statistics().watch.loops == len(masters) > 1
+            for master in client.get_primaries():
+                conns = await client.client_list(target_nodes=master)
+                assert len([c for c in conns if c["cmd"] == "xread"]) <= 1, conns
+            gate.set()
+            await asyncio.gather(*running)
+            results = await asyncio.wait_for(asyncio.gather(*watchers), 60)
+        for i, events in enumerate(results):
+            assert [e.id for e in events] == await stream_ids(client, ns, jobs[i // 2])
+            checkpoints = [e.details for e in events if e.kind == "checkpoint"]
+            assert checkpoints == [{"i": 0}, {"i": 1}, {"i": 2}]
+    finally:
+        for j in jobs:
+            await client.delete(*schema.job(j).all())
+        await client.aclose()
+
+
+async def _all_started(client: AnyRedis, jobs: list[str], ns: str = "jobpulse") -> bool:
+    schema = KeySchema(ns)
     return all(await asyncio.gather(*(client.exists(schema.alive(j)) for j in jobs)))
 
 
@@ -181,11 +225,11 @@ async def _xreads(reader: StatusReader) -> bool:
 
 
 async def test_dead_worker_ends_the_watch_with_a_synthetic_stale_event(
-    redis_url: str, redis: aioredis.Redis, ns: str
+    client: AnyRedis, ns: str
 ) -> None:
     async with (
-        StatusReader(redis, namespace=ns, liveness_interval=0.2) as reader,
-        worker_process(redis_url, ns, "dies", ttl=1.0) as pid,
+        StatusReader(client, namespace=ns, liveness_interval=0.2) as reader,
+        worker_process(url_of(client), ns, "dies", ttl=1.0) as pid,
     ):
         watching = asyncio.create_task(collect(reader, "dies"))
         waiting = asyncio.create_task(reader.wait("dies", timeout=60))
@@ -193,7 +237,7 @@ async def test_dead_worker_ends_the_watch_with_a_synthetic_stale_event(
         os.kill(pid, signal.SIGKILL)
         events = await asyncio.wait_for(watching, 60)
         status = await waiting
-    real = await stream_ids(redis, ns, "dies")
+    real = await stream_ids(client, ns, "dies")
     assert [e.id for e in events[:-1]] == real
     last = events[-1]
     assert (last.kind, last.status, last.synthetic, last.terminal) == ("stale", "STALE", True, True)
@@ -201,16 +245,14 @@ async def test_dead_worker_ends_the_watch_with_a_synthetic_stale_event(
     assert status.state is JobState.STALE
 
 
-async def test_sweeper_claim_ends_the_watch_with_its_stale_entry(
-    redis: aioredis.Redis, ns: str
-) -> None:
+async def test_sweeper_claim_ends_the_watch_with_its_stale_entry(client: AnyRedis, ns: str) -> None:
     keys = KeySchema(ns).job("claimed")
-    async with StatusReader(redis, namespace=ns, liveness_interval=30) as reader:
-        await redis.hset(keys.state, mapping={"status": "RUNNING", "seq": 3, "fence": 1})
-        await redis.xadd(keys.events, {"kind": "start", "status": "RUNNING", "seq": 1})
+    async with StatusReader(client, namespace=ns, liveness_interval=30) as reader:
+        await client.hset(keys.state, mapping={"status": "RUNNING", "seq": 3, "fence": 1})
+        await client.xadd(keys.events, {"kind": "start", "status": "RUNNING", "seq": 1})
         watching = asyncio.create_task(collect(reader, "claimed"))
         await eventually(lambda: _attached(reader, 1))
-        reply = await evalsha(redis, SCRIPTS.claim, keys.all(), [1000, 60_000, "stale"])
+        reply = await evalsha(client, SCRIPTS.claim, keys.all(), [1000, 60_000, "stale"])
         assert int(reply[0]) == 1
         events = await asyncio.wait_for(watching, 30)
     assert [e.kind for e in events] == ["start", "stale"]
@@ -245,19 +287,19 @@ async def test_a_slow_watcher_resyncs_by_id_and_never_stalls_others(
         assert reader.statistics().watch.overflows >= 1
 
 
-async def test_wait_returns_the_final_status(redis: aioredis.Redis, ns: str) -> None:
-    async with StatusReader(redis, namespace=ns) as reader:
+async def test_wait_returns_the_final_status(client: AnyRedis, ns: str) -> None:
+    async with StatusReader(client, namespace=ns) as reader:
         gate = asyncio.Event()
 
         async def job() -> None:
-            async with heartbeat(redis, "w", namespace=ns, interval=0.05, total=3) as hb:
+            async with heartbeat(client, "w", namespace=ns, interval=0.05, total=3) as hb:
                 await gate.wait()
                 hb.progress.set(3)
 
         # Before the job exists (UNKNOWN): wait() polls, then follows the stream.
         waiting = asyncio.create_task(reader.wait("w", timeout=60))
         task = asyncio.create_task(job())
-        await eventually(lambda: redis.exists(KeySchema(ns).alive("w")))
+        await eventually(lambda: client.exists(KeySchema(ns).alive("w")))
         with pytest.raises(TimeoutError, match="'w'"):
             await reader.wait("w", timeout=0.2)
         gate.set()
@@ -269,9 +311,9 @@ async def test_wait_returns_the_final_status(redis: aioredis.Redis, ns: str) -> 
         assert (await reader.wait("w", timeout=5)).state is JobState.COMPLETED
 
 
-async def test_closing_the_reader_ends_open_watches(redis: aioredis.Redis, ns: str) -> None:
-    async with heartbeat(redis, "open", namespace=ns, interval=0.05):
-        reader = StatusReader(redis, namespace=ns)
+async def test_closing_the_reader_ends_open_watches(client: AnyRedis, ns: str) -> None:
+    async with heartbeat(client, "open", namespace=ns, interval=0.05):
+        reader = StatusReader(client, namespace=ns)
         watching = asyncio.create_task(collect(reader, "open"))
         await eventually(lambda: _attached(reader, 1))
         await reader.aclose()

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from types import TracebackType
 from typing import Any
 
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from .._protocol.errors import is_redis_fault
@@ -18,6 +19,7 @@ from .._protocol.keys import KeySchema, check_job_id
 from ..errors import ProtocolError
 from .backoff import Backoff
 from .cache import CacheStatistics, SnapshotCache
+from .routing import WatchHub
 from .status import (
     ALL_FIELDS,
     VERDICT_FIELDS,
@@ -29,7 +31,7 @@ from .status import (
     decode_values,
     version,
 )
-from .watch import HubStatistics, Watch, WatchHub
+from .watch import HubStatistics, Watch
 
 __all__ = ["ReaderConfig", "ReaderStatistics", "StatusReader"]
 
@@ -56,6 +58,8 @@ class ReaderConfig:
         max_entries: jobs kept in the cache (least recently used evicted), >= 1.
         watch_queue: events buffered per watcher before it is dropped to resync by id, >= 1.
         watch_block: XREAD BLOCK timeout in seconds (> 0).
+        watch_poll: on a Redis Cluster, seconds between polls of a node whose watched streams
+            span several hash slots (> 0); see :meth:`StatusReader.watch`.
         liveness_interval: seconds between the watch hub's liveness checks (> 0).
         concurrency: Redis calls this reader has in flight at once on the client's pool
             (reads, history XRANGEs), >= 1; more wait their turn. The watch loop's own
@@ -69,12 +73,14 @@ class ReaderConfig:
     watch_block: float = 1.0
     liveness_interval: float = 1.0
     concurrency: int = 32
+    watch_poll: float = 0.1
 
     def __post_init__(self) -> None:
         _seconds("cache_ttl", self.cache_ttl)
         if self.terminal_ttl is not None:
             _seconds("terminal_ttl", self.terminal_ttl)
         _seconds("watch_block", self.watch_block, positive=True)
+        _seconds("watch_poll", self.watch_poll, positive=True)
         _seconds("liveness_interval", self.liveness_interval, positive=True)
         for name in ("max_entries", "watch_queue", "concurrency"):
             value = getattr(self, name)
@@ -132,8 +138,9 @@ class StatusReader:
     :meth:`aclose` when done: that stops the shared watch loop.
 
     Args:
-        redis: a ``redis.asyncio.Redis`` (with or without ``decode_responses``). ``watch`` takes
-            one dedicated connection from its pool for the whole reader.
+        redis: a ``redis.asyncio.Redis`` or ``RedisCluster`` (with or without
+            ``decode_responses``). ``watch`` takes one dedicated connection from its pool for the
+            whole reader (on a cluster: one per master that holds a watched job).
         namespace: the key prefix (default ``"jobpulse"``).
         cache_ttl: seconds a snapshot is served from memory (default 0.5; 0 disables).
         terminal_ttl: seconds a terminal snapshot is served from memory (default
@@ -143,6 +150,8 @@ class StatusReader:
         watch_block: XREAD BLOCK timeout in seconds (default 1.0).
         liveness_interval: seconds between the watch loop's liveness checks (default 1.0).
         concurrency: Redis calls in flight at once on the client's pool (default 32).
+        watch_poll: on a cluster, seconds between polls of a node whose watched jobs span
+            several hash slots (default 0.1).
         clock: monotonic clock (a seam for tests).
 
     Raises:
@@ -162,6 +171,7 @@ class StatusReader:
         watch_block: float = 1.0,
         liveness_interval: float = 1.0,
         concurrency: int = 32,
+        watch_poll: float = 0.1,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._schema = KeySchema(namespace)
@@ -173,8 +183,10 @@ class StatusReader:
             watch_block=watch_block,
             liveness_interval=liveness_interval,
             concurrency=concurrency,
+            watch_poll=watch_poll,
         )
         self._redis = redis
+        self._cluster = isinstance(redis, RedisCluster)
         self._slots = asyncio.Semaphore(self.config.concurrency)
         self._clock = clock
         self._cache: SnapshotCache[_Read] = SnapshotCache(
@@ -189,6 +201,7 @@ class StatusReader:
             self._schema,
             block=self.config.watch_block,
             liveness_interval=self.config.liveness_interval,
+            poll=self.config.watch_poll,
             queue_size=self.config.watch_queue,
             slots=self._slots,
             clock=clock,
@@ -254,7 +267,13 @@ class StatusReader:
             async with self._slots, self._redis.pipeline(transaction=False) as pipe:
                 pipe.hmget(keys.state, names)
                 pipe.pttl(keys.alive)
-                pipe.time()
+                if self._cluster:
+                    # The clock of the node that holds the job (the one its scripts read), in
+                    # the same round trip; redis-py blocks pipe.time() on cluster pipelines.
+                    node = self._redis.get_node_from_key(keys.state)
+                    pipe.execute_command("TIME", target_nodes=node)
+                else:
+                    pipe.time()
                 values, pttl, now = await pipe.execute(raise_on_error=False)
         except UnicodeDecodeError:  # a client with decode_responses, a foreign value
             raise ProtocolError(f"job {job_id!r}: a snapshot value is not UTF-8") from None
@@ -276,9 +295,13 @@ class StatusReader:
         terminal event (``end``, or ``stale`` when a sweeper claimed the job).
 
         Every watcher of this reader shares one XREAD BLOCK loop on one dedicated connection,
-        whatever the number of jobs. When the worker dies and nobody claims the job, the loop's
-        liveness check ends the watch with a synthetic ``stale`` event (``synthetic=True``,
-        ``status="STALE"``, ``id`` the last entry's id) within about ``liveness_interval`` plus
+        whatever the number of jobs. On a Redis Cluster there is one such loop per master that
+        holds a watched job; it blocks while its jobs share one hash slot and otherwise polls
+        them every ``watch_poll`` seconds (Redis refuses XREAD across slots); MOVED, ASK and a
+        failover move the job to its new owner's loop without losing an event. When the worker
+        dies and nobody claims the job, the loop's liveness check ends the watch with a
+        synthetic ``stale`` event (``synthetic=True``, ``status="STALE"``, ``id`` the last
+        entry's id) within about ``liveness_interval`` plus
         the worker's ttl. A watcher that falls ``watch_queue`` events behind is dropped from
         the loop and catches up from the stream by id: it never loses or repeats an event,
         unless the stream's ``MAXLEN`` trimmed entries it had not read.

@@ -15,6 +15,12 @@ XREAD is blocked, the hub interrupts it with ``CLIENT UNBLOCK <id>`` (sent on th
 pool, retried until the blocked call returns), so the new stream is included at once; where
 ``CLIENT UNBLOCK`` is not allowed (ACLs) the new stream waits at most one ``block`` timeout.
 
+On a Redis Cluster (see ``routing.py``) there is one such loop per master, over the streams whose
+slots it owns. Redis refuses a multi-key command whose keys are in different slots (CROSSSLOT),
+even on one node, so a node's loop blocks (XREAD BLOCK) while its streams share one slot, and
+otherwise polls them: one pipeline of non-blocking XREADs, one per slot, every ``poll`` seconds
+(cut short when a stream joins).
+
 Liveness: every ``liveness_interval`` seconds (and right after a new stream joins) the hub reads
 ``status`` and the liveness key's PTTL of every followed job in one pipeline. A job that is
 RUNNING without its liveness key is STALE: the hub flushes the stream's remaining entries with
@@ -33,23 +39,22 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import time
 from collections import deque
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import ResponseError
 
-from .._protocol.codec import TERMINAL_STATUSES, parse_stream_id, to_text
-from .._protocol.errors import is_redis_fault
-from .._protocol.keys import KeySchema
+from .._protocol.codec import parse_stream_id, to_text
 from ..errors import ProtocolError
-from .backoff import Backoff
 from .event import Event, decode_event
 
-__all__ = ["HubStatistics", "Watch", "WatchHub"]
+if TYPE_CHECKING:
+    from .routing import WatchHub
+    from .xread import XReadLoop
+
+__all__ = ["HubStatistics", "Watch"]
 
 log = logging.getLogger("jobpulse")
 
@@ -71,6 +76,9 @@ class HubStatistics:
         unblocks: CLIENT UNBLOCK calls sent.
         liveness_checks: liveness pipelines sent.
         overflows: watchers dropped because their queue was full (they resync by id).
+        loops: XREAD loops (dedicated connections): 1 on a single Redis, one per master
+            followed on a cluster.
+        reroutes: MOVED, ASK, TRYAGAIN or CLUSTERDOWN replies that made a loop re-resolve.
     """
 
     streams: int
@@ -79,6 +87,8 @@ class HubStatistics:
     unblocks: int
     liveness_checks: int
     overflows: int
+    loops: int = 1
+    reroutes: int = 0
 
 
 class _Watcher:
@@ -115,312 +125,8 @@ class _Stream:
     alive_key: str
     cursor: str
     watchers: set[_Watcher]
-
-
-def _entries(reply: Any) -> list[tuple[str, list[Any]]]:
-    """XREAD's reply (RESP2 list or RESP3 map, bytes or str) as ``[(key, entries)]``."""
-    if not reply:
-        return []
-    pairs = reply.items() if isinstance(reply, dict) else reply
-    return [(to_text(key) or "", list(entries or ())) for key, entries in pairs]
-
-
-class WatchHub:
-    """One reader's shared XREAD loop. Created by :class:`StatusReader`; not public.
-
-    Args:
-        redis: the reader's client; the hub takes one dedicated connection from its pool.
-        schema: key names.
-        block: XREAD BLOCK timeout in seconds (kept under the client's socket timeout).
-        liveness_interval: seconds between liveness checks of the followed jobs.
-        queue_size: events buffered per watcher before it is dropped to resync.
-        slots: bounds the reader's calls in flight on the client's pool (history reads).
-        count: XREAD COUNT per stream and call.
-        clock: monotonic clock.
-    """
-
-    def __init__(
-        self,
-        redis: Any,
-        schema: KeySchema,
-        *,
-        block: float,
-        liveness_interval: float,
-        queue_size: int,
-        slots: asyncio.Semaphore,
-        count: int = 100,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._redis = redis
-        self._schema = schema
-        timeout = getattr(getattr(redis, "connection_pool", None), "connection_kwargs", {}).get(
-            "socket_timeout"
-        )
-        if timeout:
-            block = min(block, timeout / 2)
-        self._block_ms = max(int(block * 1000), 1)
-        self._interval = liveness_interval
-        self.queue_size = queue_size
-        self.slots = slots
-        self._count = count
-        self._clock = clock
-        self._streams: dict[str, _Stream] = {}
-        self._wake = asyncio.Event()
-        self._task: asyncio.Task[None] | None = None
-        self._unblocker: asyncio.Task[None] | None = None
-        self._client_id: int | None = None
-        self._unblock_allowed = True
-        self._reading = False
-        self._sent: frozenset[str] = frozenset()
-        self._next_liveness = 0.0
-        self._closed = False
-        self._xreads = self._unblocks = self._checks = self._overflows = 0
-
-    def statistics(self) -> HubStatistics:
-        watchers = sum(len(s.watchers) for s in self._streams.values())
-        return HubStatistics(
-            len(self._streams), watchers, self._xreads, self._unblocks, self._checks,
-            self._overflows,
-        )  # fmt: skip
-
-    def __repr__(self) -> str:
-        s = self.statistics()
-        return f"<WatchHub streams={s.streams} watchers={s.watchers} xreads={s.xreads}>"
-
-    # -- attach and detach (synchronous: no await may split them) -----------------------------
-
-    def attach(self, watcher: _Watcher, job_id: str, last_id: str) -> str | None:
-        """Attach ``watcher`` to the job's stream; it has read every entry up to ``last_id``.
-
-        Returns:
-            The hub's cursor when it is ahead of ``last_id`` (the watcher reads up to it with
-            XRANGE), else None.
-
-        Raises:
-            RuntimeError: the reader is closed.
-        """
-        if self._closed:
-            raise RuntimeError("the StatusReader is closed")
-        keys = self._schema.job(job_id)
-        stream = self._streams.get(keys.events)
-        ahead = None
-        if stream is None:
-            stream = _Stream(keys.events, keys.state, keys.alive, last_id, set())
-            self._streams[keys.events] = stream
-            self._next_liveness = 0.0  # check the new job's liveness right away
-        elif parse_stream_id(stream.cursor) > parse_stream_id(last_id):
-            ahead = stream.cursor
-        stream.watchers.add(watcher)
-        watcher.stream = stream
-        watcher.overflowed = False
-        if self._task is None or self._task.done():
-            self._task = asyncio.get_running_loop().create_task(self._run(), name="jobpulse-watch")
-        self._wake.set()
-        if stream.key not in self._sent:
-            self._request_unblock()
-        return ahead
-
-    def detach(self, watcher: _Watcher) -> None:
-        stream, watcher.stream = watcher.stream, None
-        if stream is not None:
-            stream.watchers.discard(watcher)
-            if not stream.watchers:
-                self._drop(stream)
-
-    def _drop(self, stream: _Stream) -> None:
-        if self._streams.get(stream.key) is stream:
-            del self._streams[stream.key]
-
-    async def aclose(self) -> None:
-        """Stop the loop; attached watchers raise ``RuntimeError`` once they drained."""
-        self._closed = True
-        error = RuntimeError("the StatusReader was closed")
-        for stream in list(self._streams.values()):
-            for watcher in list(stream.watchers):
-                watcher.fail(error)
-        self._streams.clear()
-        for task in (self._unblocker, self._task):
-            if task is not None and not task.done():
-                task.cancel()
-                try:
-                    await task
-                except asyncio.CancelledError:
-                    current = asyncio.current_task()
-                    if current is not None and current.cancelling():
-                        raise
-
-    # -- the loop ------------------------------------------------------------------------------
-
-    async def _run(self) -> None:
-        conn = self._redis.client()
-        backoff: Backoff | None = None
-        try:
-            while not self._closed:
-                if not self._streams:
-                    self._wake.clear()
-                    await self._wake.wait()
-                    continue
-                try:
-                    await self._step(conn)
-                    backoff = None
-                except ResponseError as exc:
-                    if "WRONGTYPE" not in str(exc):
-                        raise
-                    await self._fail_foreign_keys()
-                except UnicodeDecodeError:  # decode_responses and a foreign, non-UTF-8 entry
-                    await self._fail_undecodable()
-                except Exception as exc:
-                    if not is_redis_fault(exc):
-                        raise
-                    self._client_id = None
-                    log.warning("jobpulse watch: XREAD failed, retrying: %r", exc)
-                    backoff = backoff or Backoff(0.05, 2.0, 2.0, 0.1)
-                    await asyncio.sleep(next(backoff))
-        except Exception as exc:  # a bug, not a Redis fault: end the watchers instead of hanging
-            log.exception("jobpulse watch hub crashed; ending its watchers")
-            for stream in list(self._streams.values()):
-                for watcher in list(stream.watchers):
-                    watcher.fail(exc)
-            self._streams.clear()
-        finally:
-            self._reading = False
-            await asyncio.shield(conn.aclose())
-
-    async def _step(self, conn: Any) -> None:
-        if self._client_id is None:
-            self._client_id = int(await conn.client_id())
-        request = {s.key: s.cursor for s in self._streams.values()}
-        self._sent = frozenset(request)
-        self._reading = True
-        self._xreads += 1
-        try:
-            reply = await conn.xread(request, count=self._count, block=self._block_ms)
-        finally:
-            self._reading = False
-            self._sent = frozenset()
-        for key, entries in _entries(reply):
-            stream = self._streams.get(key)
-            if stream is not None:
-                self._deliver(stream, entries)
-        if self._clock() >= self._next_liveness:
-            self._next_liveness = self._clock() + self._interval
-            await self._check_liveness()
-
-    def _deliver(self, stream: _Stream, entries: list[Any]) -> bool:
-        """Hand ``entries`` to the stream's watchers; True when the stream ended."""
-        for entry_id, raw in entries:
-            item: Event | BaseException
-            try:
-                item = decode_event(entry_id, raw)
-            except ProtocolError as exc:
-                item = exc
-            stream.cursor = to_text(entry_id) or stream.cursor
-            self._offer(stream, item)
-            if not isinstance(item, Event) or item.terminal:
-                self._drop(stream)
-                return True
-        return False
-
-    def _offer(self, stream: _Stream, item: Event | BaseException) -> None:
-        for watcher in list(stream.watchers):
-            if not watcher.offer(item):
-                stream.watchers.discard(watcher)
-                self._overflows += 1
-        if not stream.watchers:
-            self._drop(stream)
-
-    async def _check_liveness(self) -> None:
-        streams = list(self._streams.values())
-        self._checks += 1
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for s in streams:
-                pipe.hget(s.state_key, "status")
-                pipe.pttl(s.alive_key)
-            replies = await pipe.execute(raise_on_error=False)
-        for i, stream in enumerate(streams):
-            status, pttl = replies[2 * i], replies[2 * i + 1]
-            if isinstance(status, Exception) or isinstance(pttl, Exception):
-                continue
-            try:
-                status = to_text(status)
-            except UnicodeDecodeError:
-                continue
-            if status == "RUNNING" and pttl == -2:
-                verdict, kind = "STALE", "stale"
-            elif status in TERMINAL_STATUSES:
-                verdict, kind = status, "end"
-            else:
-                continue
-            if self._streams.get(stream.key) is not stream:
-                continue
-            # Entries may be in the stream that no XREAD returned yet: deliver them first.
-            try:
-                rest = await self._redis.xrange(stream.key, min=f"({stream.cursor}", max="+")
-            except UnicodeDecodeError:
-                self._fail(stream, ProtocolError(f"{stream.key} holds text that is not UTF-8"))
-                continue
-            if self._streams.get(stream.key) is not stream or self._deliver(stream, rest):
-                continue
-            synthetic = Event(id=stream.cursor, kind=kind, status=verdict, synthetic=True)
-            self._offer(stream, synthetic)
-            self._drop(stream)
-
-    async def _fail_foreign_keys(self) -> None:
-        """XREAD said WRONGTYPE: end the watchers of every key that is not a stream."""
-        streams = list(self._streams.values())
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for s in streams:
-                pipe.type(s.key)
-            types = await pipe.execute()
-        for stream, kind in zip(streams, types, strict=True):
-            if to_text(kind) not in ("stream", "none"):
-                self._fail(
-                    stream, ProtocolError(f"{stream.key} is a {to_text(kind)}, not a stream")
-                )
-
-    async def _fail_undecodable(self) -> None:
-        """XREAD could not decode its reply as UTF-8: end the watchers of the streams at fault."""
-        for stream in list(self._streams.values()):
-            try:
-                await self._redis.xrange(stream.key, min=f"({stream.cursor}", max="+", count=100)
-            except UnicodeDecodeError:
-                self._fail(stream, ProtocolError(f"{stream.key} holds text that is not UTF-8"))
-
-    def _fail(self, stream: _Stream, error: BaseException) -> None:
-        for watcher in list(stream.watchers):
-            watcher.fail(error)
-        self._drop(stream)
-
-    # -- interrupting a blocked XREAD ----------------------------------------------------------
-
-    def _request_unblock(self) -> None:
-        if (
-            self._reading
-            and self._unblock_allowed
-            and self._client_id is not None
-            and (self._unblocker is None or self._unblocker.done())
-        ):
-            self._unblocker = asyncio.get_running_loop().create_task(self._unblock())
-
-    async def _unblock(self) -> None:
-        # Retried: CLIENT UNBLOCK answers 0 when the XREAD has not reached the server yet (or
-        # has just returned); stop once the call in flight names every stream, or none is.
-        try:
-            for _ in range(1000):
-                if not self._reading or self._sent.issuperset(self._streams):
-                    return
-                client_id = self._client_id
-                if client_id is None:
-                    return
-                self._unblocks += 1
-                await self._redis.client_unblock(client_id)
-                await asyncio.sleep(0.002)
-        except Exception as exc:
-            if not is_redis_fault(exc):
-                raise
-            if isinstance(exc, ResponseError):
-                self._unblock_allowed = False  # e.g. NOPERM: rely on the block timeout
-            log.warning("jobpulse watch: CLIENT UNBLOCK failed: %r", exc)
+    slot: int = 0
+    loop: XReadLoop | None = None
 
 
 class Watch:

@@ -509,7 +509,9 @@ def _zrangebyscore(shard: str, now_ms: int, batch: int) -> Callable[[Any], objec
 
 
 def _evalsha(sha: str, keys: tuple[str, ...], args: list[Any]) -> Callable[[Any], object]:
-    return lambda pipe: pipe.evalsha(sha, len(keys), *keys, *args)
+    # execute_command: redis-py blocks pipe.evalsha() on RedisCluster pipelines; EVALSHA is
+    # routed by its keys (one slot: a job's keys, or one index shard) all the same.
+    return lambda pipe: pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
 
 
 def _zadd_later(shard: str, members: dict[str, int]) -> Callable[[Any], object]:

@@ -1,0 +1,376 @@
+"""One XREAD loop: one dedicated connection following the watched streams of one server.
+
+See ``watch.py`` for how watchers join without a gap or a duplicate, the liveness check and
+overflow; see ``routing.py`` for how streams are spread over the loops of a cluster.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from redis.exceptions import AskError, ClusterDownError, MovedError, ResponseError, TryAgainError
+
+from .._protocol.codec import TERMINAL_STATUSES, to_text
+from .._protocol.errors import is_redis_fault
+from ..errors import ProtocolError
+from .backoff import Backoff
+from .event import Event, decode_event
+from .watch import _Stream
+
+if TYPE_CHECKING:
+    from .routing import WatchHub
+
+__all__ = ["XReadLoop"]
+
+log = logging.getLogger("jobpulse")
+
+
+def _entries(reply: Any) -> list[tuple[str, list[Any]]]:
+    """XREAD's reply (RESP2 list or RESP3 map, bytes or str) as ``[(key, entries)]``."""
+    if not reply:
+        return []
+    pairs = reply.items() if isinstance(reply, dict) else reply
+    return [(to_text(key) or "", list(entries or ())) for key, entries in pairs]
+
+
+class XReadLoop:
+    """One XREAD BLOCK loop on one dedicated connection, over the streams of one server (a
+    single Redis, or one master of a cluster). Created by :class:`WatchHub`; not public.
+
+    Args:
+        hub: the hub that owns the loop (it routes streams to loops and moves them).
+        node: a client of this loop's server alone: the dedicated connection comes from its
+            pool and ``CLIENT UNBLOCK`` is sent through it (for a single Redis, the reader's
+            own client).
+        redis: the reader's client, for history, liveness and flush reads (a ``RedisCluster``
+            routes each of those by key).
+        name: the server's name (``host:port``; empty for a single Redis).
+        block: XREAD BLOCK timeout in seconds (kept under the node client's socket timeout).
+        poll: on a cluster, seconds between polls of a node whose streams span several slots.
+        liveness_interval: seconds between liveness checks of the followed jobs.
+        count: XREAD COUNT per stream and call.
+        clock: monotonic clock.
+    """
+
+    def __init__(
+        self,
+        hub: WatchHub,
+        node: Any,
+        redis: Any,
+        *,
+        name: str,
+        block: float,
+        poll: float,
+        liveness_interval: float,
+        count: int,
+        clock: Callable[[], float],
+    ) -> None:
+        self._hub = hub
+        self._node = node
+        self._redis = redis
+        self.name = name
+        self.cluster = node is not redis
+        timeout = getattr(getattr(node, "connection_pool", None), "connection_kwargs", {}).get(
+            "socket_timeout"
+        )
+        if timeout:
+            block = min(block, timeout / 2)
+        self._block_ms = max(int(block * 1000), 1)
+        self._poll = poll
+        self._interval = liveness_interval
+        self._count = count
+        self._clock = clock
+        self.streams: dict[str, _Stream] = {}
+        self._wake = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._unblocker: asyncio.Task[None] | None = None
+        self._client_id: int | None = None
+        self._unblock_allowed = True
+        self._reading = False
+        self._sent: frozenset[str] = frozenset()
+        self._next_liveness = 0.0
+        self._poll_until = 0.0  # a slot of this node is migrating: poll, do not block
+        self.closed = False
+        self.xreads = self.unblocks = self.checks = self.overflows = self.reroutes = 0
+
+    def __repr__(self) -> str:
+        return f"<XReadLoop node={self.name or 'redis'} streams={len(self.streams)}>"
+
+    # -- membership (synchronous: no await may split them) -------------------------------------
+
+    def add(self, stream: _Stream) -> None:
+        """Follow ``stream`` (new to this loop); starts the loop's task when needed."""
+        stream.loop = self
+        self.streams[stream.key] = stream
+        self._next_liveness = 0.0  # check the new job's liveness right away
+        self.wake(stream)
+
+    def wake(self, stream: _Stream) -> None:
+        """A watcher joined ``stream``: make sure the XREAD names it soon."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.get_running_loop().create_task(
+                self._run(), name=f"jobpulse-watch {self.name}".rstrip()
+            )
+        self._wake.set()
+        if stream.key not in self._sent:
+            self._request_unblock()
+
+    def discard(self, stream: _Stream) -> None:
+        if self.streams.get(stream.key) is stream:
+            del self.streams[stream.key]
+
+    def _drop(self, stream: _Stream) -> None:
+        self._hub.drop(stream)
+
+    async def close_node(self) -> None:
+        """Close the node client when it is this loop's own (a cluster node's)."""
+        if self.cluster:
+            await self._node.aclose()
+
+    async def aclose(self) -> None:
+        """Stop the loop and close its connection."""
+        self.closed = True
+        for task in (self._unblocker, self._task):
+            if task is not None and not task.done():
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    current = asyncio.current_task()
+                    if current is not None and current.cancelling():
+                        raise
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    async def _run(self) -> None:
+        conn = self._node.client()
+        backoff: Backoff | None = None
+        try:
+            while not self.closed:
+                if not self.streams:
+                    self._wake.clear()
+                    await self._wake.wait()
+                    continue
+                try:
+                    await self._step(conn)
+                    backoff = None
+                except (MovedError, AskError, TryAgainError, ClusterDownError) as exc:
+                    # The slot map changed under us (resharding, failover): re-resolve.
+                    self._client_id = None
+                    await self._redirected(exc)
+                    backoff = backoff or Backoff(0.05, 2.0, 2.0, 0.1)
+                    await asyncio.sleep(next(backoff))
+                except ResponseError as exc:
+                    if "WRONGTYPE" not in str(exc):
+                        raise
+                    await self._fail_foreign_keys()
+                except UnicodeDecodeError:  # decode_responses and a foreign, non-UTF-8 entry
+                    await self._fail_undecodable()
+                except Exception as exc:
+                    if not is_redis_fault(exc):
+                        raise
+                    self._client_id = None
+                    log.warning("jobpulse watch: XREAD failed, retrying: %r", exc)
+                    if self.cluster:  # the node may be gone (failover): re-resolve
+                        await self._hub.reroute(self)
+                    backoff = backoff or Backoff(0.05, 2.0, 2.0, 0.1)
+                    await asyncio.sleep(next(backoff))
+        except Exception as exc:  # a bug, not a Redis fault: end the watchers instead of hanging
+            log.exception("jobpulse watch hub crashed; ending its watchers")
+            for stream in list(self.streams.values()):
+                self._fail(stream, exc)
+        finally:
+            self._reading = False
+            await asyncio.shield(conn.aclose())
+
+    async def _redirected(self, exc: Exception) -> None:
+        if isinstance(exc, MovedError | ClusterDownError):
+            await self._hub.reroute(self)
+        else:  # ASK or TRYAGAIN: a slot is migrating; poll through the cluster client meanwhile
+            self._poll_until = self._clock() + max(self._block_ms / 1000, self._poll) * 5
+        self.reroutes += 1
+
+    async def _step(self, conn: Any) -> None:
+        groups = self._groups()
+        if len(groups) == 1 and self._clock() >= self._poll_until:
+            await self._block(conn, groups[0])
+        else:
+            await self._poll_groups(groups)
+        if self._clock() >= self._next_liveness:
+            self._next_liveness = self._clock() + self._interval
+            await self._check_liveness()
+
+    def _groups(self) -> list[dict[str, str]]:
+        """The XREAD requests: one for a single Redis; on a cluster one per hash slot, since
+        Redis refuses a multi-key command across slots (CROSSSLOT) even on one node."""
+        if not self.cluster:
+            return [{s.key: s.cursor for s in self.streams.values()}]
+        by_slot: dict[int, dict[str, str]] = {}
+        for s in self.streams.values():
+            by_slot.setdefault(s.slot, {})[s.key] = s.cursor
+        return list(by_slot.values())
+
+    async def _block(self, conn: Any, request: dict[str, str]) -> None:
+        if self._client_id is None:
+            self._client_id = int(await conn.client_id())
+        self._sent = frozenset(request)
+        self._reading = True
+        self.xreads += 1
+        try:
+            reply = await conn.xread(request, count=self._count, block=self._block_ms)
+        finally:
+            self._reading = False
+            self._sent = frozenset()
+        self._deliver_reply(reply)
+
+    async def _poll_groups(self, groups: list[dict[str, str]]) -> None:
+        """Several slots on one node: one pipeline of non-blocking XREADs, one per slot, then
+        a pause of ``poll`` seconds (cut short when a stream joins) if nothing came."""
+        self._wake.clear()
+        self.xreads += len(groups)
+        async with self._node.pipeline(transaction=False) as pipe:
+            for request in groups:
+                pipe.xread(request, count=self._count)
+            replies = await pipe.execute(raise_on_error=False)
+        got = False
+        for request, reply in zip(groups, replies, strict=True):
+            if isinstance(reply, MovedError | ClusterDownError):
+                raise reply
+            if isinstance(reply, AskError | TryAgainError):
+                # The slot is migrating: the cluster client follows ASK (with ASKING).
+                self._poll_until = self._clock() + self._poll * 20
+                reply = await self._redis.xread(request, count=self._count)
+            elif isinstance(reply, Exception):
+                raise reply
+            got |= bool(reply)
+            self._deliver_reply(reply)
+        if not got:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._poll):
+                    await self._wake.wait()
+
+    def _deliver_reply(self, reply: Any) -> None:
+        for key, entries in _entries(reply):
+            stream = self.streams.get(key)
+            if stream is not None:
+                self._deliver(stream, entries)
+
+    def _deliver(self, stream: _Stream, entries: list[Any]) -> bool:
+        """Hand ``entries`` to the stream's watchers; True when the stream ended."""
+        for entry_id, raw in entries:
+            item: Event | BaseException
+            try:
+                item = decode_event(entry_id, raw)
+            except ProtocolError as exc:
+                item = exc
+            stream.cursor = to_text(entry_id) or stream.cursor
+            self._offer(stream, item)
+            if not isinstance(item, Event) or item.terminal:
+                self._drop(stream)
+                return True
+        return False
+
+    def _offer(self, stream: _Stream, item: Event | BaseException) -> None:
+        for watcher in list(stream.watchers):
+            if not watcher.offer(item):
+                stream.watchers.discard(watcher)
+                self.overflows += 1
+        if not stream.watchers:
+            self._drop(stream)
+
+    async def _check_liveness(self) -> None:
+        streams = list(self.streams.values())
+        self.checks += 1
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for s in streams:
+                pipe.hget(s.state_key, "status")
+                pipe.pttl(s.alive_key)
+            replies = await pipe.execute(raise_on_error=False)
+        for i, stream in enumerate(streams):
+            status, pttl = replies[2 * i], replies[2 * i + 1]
+            if isinstance(status, Exception) or isinstance(pttl, Exception):
+                continue
+            try:
+                status = to_text(status)
+            except UnicodeDecodeError:
+                continue
+            if status == "RUNNING" and pttl == -2:
+                verdict, kind = "STALE", "stale"
+            elif status in TERMINAL_STATUSES:
+                verdict, kind = status, "end"
+            else:
+                continue
+            if self.streams.get(stream.key) is not stream:
+                continue
+            # Entries may be in the stream that no XREAD returned yet: deliver them first.
+            try:
+                rest = await self._redis.xrange(stream.key, min=f"({stream.cursor}", max="+")
+            except UnicodeDecodeError:
+                self._fail(stream, ProtocolError(f"{stream.key} holds text that is not UTF-8"))
+                continue
+            if self.streams.get(stream.key) is not stream or self._deliver(stream, rest):
+                continue
+            synthetic = Event(id=stream.cursor, kind=kind, status=verdict, synthetic=True)
+            self._offer(stream, synthetic)
+            self._drop(stream)
+
+    async def _fail_foreign_keys(self) -> None:
+        """XREAD said WRONGTYPE: end the watchers of every key that is not a stream."""
+        streams = list(self.streams.values())
+        async with self._redis.pipeline(transaction=False) as pipe:
+            for s in streams:
+                pipe.type(s.key)
+            types = await pipe.execute()
+        for stream, kind in zip(streams, types, strict=True):
+            if to_text(kind) not in ("stream", "none"):
+                self._fail(
+                    stream, ProtocolError(f"{stream.key} is a {to_text(kind)}, not a stream")
+                )
+
+    async def _fail_undecodable(self) -> None:
+        """XREAD could not decode its reply as UTF-8: end the watchers of the streams at fault."""
+        for stream in list(self.streams.values()):
+            try:
+                await self._redis.xrange(stream.key, min=f"({stream.cursor}", max="+", count=100)
+            except UnicodeDecodeError:
+                self._fail(stream, ProtocolError(f"{stream.key} holds text that is not UTF-8"))
+
+    def _fail(self, stream: _Stream, error: BaseException) -> None:
+        for watcher in list(stream.watchers):
+            watcher.fail(error)
+        self._drop(stream)
+
+    # -- interrupting a blocked XREAD ----------------------------------------------------------
+
+    def _request_unblock(self) -> None:
+        if (
+            self._reading
+            and self._unblock_allowed
+            and self._client_id is not None
+            and (self._unblocker is None or self._unblocker.done())
+        ):
+            self._unblocker = asyncio.get_running_loop().create_task(self._unblock())
+
+    async def _unblock(self) -> None:
+        # Retried: CLIENT UNBLOCK answers 0 when the XREAD has not reached the server yet (or
+        # has just returned); stop once the call in flight names every stream, or none is.
+        try:
+            for _ in range(1000):
+                if not self._reading or self._sent.issuperset(self.streams):
+                    return
+                client_id = self._client_id
+                if client_id is None:
+                    return
+                self.unblocks += 1
+                await self._node.client_unblock(client_id)
+                await asyncio.sleep(0.002)
+        except Exception as exc:
+            if not is_redis_fault(exc):
+                raise
+            if isinstance(exc, ResponseError):
+                self._unblock_allowed = False  # e.g. NOPERM: rely on the block timeout
+            log.warning("jobpulse watch: CLIENT UNBLOCK failed: %r", exc)
