@@ -310,3 +310,23 @@ async def test_invalid_arguments_fail_before_redis(redis: aioredis.Redis, ns: st
         StatusReader(redis, max_entries=0)
     with pytest.raises(InvalidJobId):
         StatusReader(redis, namespace="bad ns")
+
+
+async def test_running_lists_running_and_stale_jobs_from_the_index(
+    redis: aioredis.Redis, ns: str
+) -> None:
+    reader = StatusReader(redis, namespace=ns, cache_ttl=0)
+    try:
+        async with heartbeat(redis, "run-a", namespace=ns, interval=0.05):
+            async with heartbeat(redis, "run-b", namespace=ns, interval=0.05):
+                pass  # ended: its index entry is dropped
+            await redis.zadd(KeySchema(ns).index(0), {"not a job id": 1, "ghost": 1})
+            ids, truncated = await reader.running_ids()
+            assert ids == ["ghost", "run-a"]
+            assert not truncated
+            assert [s.job_id for s in await reader.running()] == ["run-a"]
+            assert (await reader.running_ids(limit=1)) == (["ghost"], True)
+            with pytest.raises(ValueError, match="limit"):
+                await reader.running_ids(limit=0)
+    finally:
+        await reader.aclose()

@@ -14,9 +14,10 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
+from .._protocol.codec import parse_stream_id, to_text
 from .._protocol.errors import is_redis_fault
 from .._protocol.keys import KeySchema, check_job_id
-from ..errors import ProtocolError
+from ..errors import InvalidJobId, ProtocolError
 from .backoff import Backoff
 from .cache import CacheStatistics, SnapshotCache
 from .routing import WatchHub
@@ -288,6 +289,69 @@ class StatusReader:
         exists = status.state is not JobState.UNKNOWN
         return _Read(status, raw, want, version(job_id, raw), exists, server_ms, int(pttl))
 
+    # -- the running-jobs index and the stream's extent ----------------------------------------
+
+    async def running_ids(
+        self, *, index_shards: int = 1, limit: int = 500
+    ) -> tuple[list[str], bool]:
+        """The job ids in the running-jobs index, sorted, at most ``limit`` of them, and whether
+        there were more. One round trip (``ZRANGE`` of every shard, pipelined; never SCAN).
+
+        The index names RUNNING and STALE jobs, and for a moment jobs that just ended (their
+        entry is dropped by the final write or by the next sweep). Members that are not valid job
+        ids are skipped.
+
+        Args:
+            index_shards: the ``index_shards`` the workers use.
+            limit: the most ids returned (>= 1).
+        """
+        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
+            raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+        schema = KeySchema(self.namespace, index_shards)
+        async with self._slots, self._redis.pipeline(transaction=False) as pipe:
+            for key in schema.indexes():
+                pipe.zrange(key, 0, limit)
+            shards = await pipe.execute()
+        members = {to_text(m) or "" for shard in shards for m in shard}
+        ids = sorted(m for m in members if _is_job_id(m))
+        return ids[:limit], len(ids) > limit or any(len(shard) > limit for shard in shards)
+
+    async def running(self, *, index_shards: int = 1, limit: int = 500) -> list[JobStatus]:
+        """The RUNNING and STALE jobs of the running-jobs index, as a dashboard lists them.
+
+        Jobs that just ended, and jobs whose snapshot is corrupt (``ProtocolError``), are left
+        out. Reads go through the cache, like :meth:`get`.
+        """
+        ids, _ = await self.running_ids(index_shards=index_shards, limit=limit)
+        results = await asyncio.gather(*(self.get(job) for job in ids), return_exceptions=True)
+        listed = []
+        for result in results:
+            if isinstance(result, JobStatus):
+                if result.state in (JobState.RUNNING, JobState.STALE):
+                    listed.append(result)
+            elif not isinstance(result, ProtocolError):
+                raise result
+        return listed
+
+    async def trimmed_after(self, job_id: str, last_event_id: str) -> bool:
+        """True when entries after ``last_event_id`` may have been trimmed from the capped
+        stream (``MAXLEN ~``): the stream lost entries and its first entry is newer. A watcher
+        resuming from that id has a gap; show it the snapshot first."""
+        key = self._schema.events(job_id)
+        try:
+            async with self._slots:
+                info = await self._redis.xinfo_stream(key)
+        except ResponseError as exc:
+            if "no such key" in str(exc).lower():
+                return False
+            raise
+        first = info.get("first-entry") or info.get(b"first-entry")
+        added = info.get("entries-added") or info.get(b"entries-added")
+        length = info.get("length") or info.get(b"length") or 0
+        if not first or added is None or int(added) <= int(length):
+            return False
+        return parse_stream_id(to_text(first[0]) or "0") > parse_stream_id(last_event_id)
+
     # -- watch and wait -----------------------------------------------------------------------
 
     def watch(self, job_id: str, *, last_event_id: str | None = None) -> Watch:
@@ -431,3 +495,11 @@ def _with_ages(status: JobStatus, age: float) -> JobStatus:
 
 def _plus(value: float | None, age: float) -> float | None:
     return None if value is None else value + age
+
+
+def _is_job_id(text: str) -> bool:
+    try:
+        check_job_id(text)
+    except InvalidJobId:
+        return False
+    return True

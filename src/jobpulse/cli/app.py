@@ -12,13 +12,16 @@ import math
 import signal
 import sys
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from .. import __version__
-from .._protocol.keys import KeySchema, check_job_id, check_namespace
+from .._protocol.keys import check_job_id, check_namespace
 from .common import ExitCode, connect, exit_code_for, fail, report, resolve_url
 from .render import Board, jobs_table, status_block, status_line, to_json
+
+if TYPE_CHECKING:
+    from .. import JobStatus, StatusReader
 
 __all__ = ["build_parser", "main"]
 
@@ -333,29 +336,10 @@ def cmd_ls(args: argparse.Namespace, url: str) -> int:
     return ExitCode.OK
 
 
-async def _running(url: str, namespace: str, shards: int, limit: int) -> list[Any]:
+async def _running(url: str, namespace: str, shards: int, limit: int) -> list[JobStatus]:
     """The statuses of the jobs in the running-jobs index that are RUNNING or STALE."""
-    from .._protocol.codec import to_text
-
-    schema = KeySchema(namespace, shards)
     async with connect(url) as client, _reader(client, namespace) as reader:
-        pipe = client.pipeline(transaction=False)
-        for key in schema.indexes():
-            pipe.zrange(key, 0, limit - 1)
-        ids: set[str] = set()
-        for members in await pipe.execute():
-            for member in members:
-                with contextlib.suppress(Exception):
-                    ids.add(check_job_id(to_text(member)))
-        gate = asyncio.Semaphore(32)
-
-        async def get(job: str) -> Any:
-            async with gate:
-                return await reader.get(job)
-
-        statuses = await asyncio.gather(*(get(job) for job in sorted(ids)[:limit]))
-    # The index may still name jobs that just ended (the sweeper tidies it): leave them out.
-    return [st for st in statuses if st.state.name in ("RUNNING", "STALE")]
+        return await reader.running(index_shards=shards, limit=limit)
 
 
 # -- sweep ----------------------------------------------------------------------------------------
@@ -473,7 +457,7 @@ def cmd_serve(args: argparse.Namespace, url: str) -> int:
 
 
 @contextlib.asynccontextmanager
-async def _reader(client: Any, namespace: str) -> Any:
+async def _reader(client: Any, namespace: str) -> AsyncIterator[StatusReader]:
     """A StatusReader without a cache (every read is fresh), closed on exit."""
     from .. import StatusReader
 

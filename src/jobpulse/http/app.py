@@ -32,9 +32,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .._protocol.codec import parse_stream_id, to_text
+from .._protocol.codec import parse_stream_id
 from .._protocol.errors import is_redis_fault
-from .._protocol.keys import KeySchema, check_job_id
+from .._protocol.keys import check_job_id
 from .._reader.event import Event
 from .._reader.reader import StatusReader
 from .._reader.status import JobState, JobStatus
@@ -235,7 +235,6 @@ class _Service:
         self.reader = reader
         self.authorize = authorize
         self.config = config
-        self.schema = KeySchema(reader.namespace, config.index_shards)
         package = resources.files(__package__) / "static"
         self.files = {name: (package / name).read_bytes() for name in _STATIC}
         self.frames = _FrameCache()
@@ -259,12 +258,6 @@ class _Service:
         # HTTP caches count whole seconds: round down, so no cache keeps a status longer
         # than the reader itself would.
         return f"max-age={math.floor(ttl)}"
-
-    @property
-    def _redis(self) -> Any:
-        # The reader's client, for the two reads the reader has no API for yet: the index
-        # (GET /jobs) and the stream's first entry (the gap check). Keys come from KeySchema.
-        return self.reader._redis
 
     # -- routes --
 
@@ -323,7 +316,7 @@ class _Service:
             return _error(403, "forbidden")
         try:
             status = await self.reader.get(job_id)
-            gap = last is not None and await self._trimmed_after(job_id, last)
+            gap = last is not None and await self.reader.trimmed_after(job_id, last)
         except Exception as exc:
             return _failure(exc)
         if status.state is JobState.UNKNOWN:
@@ -333,22 +326,6 @@ class _Service:
         return EventStream(
             frames, keepalive=self.config.keepalive, retry=int(self.config.retry * 1000)
         )
-
-    async def _trimmed_after(self, job_id: str, last: str) -> bool:
-        """True when entries after ``last`` may have been trimmed from the capped stream: the
-        stream lost entries and its first one is newer than ``last``."""
-        try:
-            info = await self._redis.xinfo_stream(self.schema.events(job_id))
-        except Exception as exc:
-            if "no such key" in str(exc).lower():
-                return False
-            raise
-        first = info.get("first-entry") or info.get(b"first-entry")
-        added = info.get("entries-added") or info.get(b"entries-added")
-        length = info.get("length") or info.get(b"length") or 0
-        if not first or added is None or int(added) <= int(length):
-            return False
-        return parse_stream_id(to_text(first[0]) or "0") > parse_stream_id(last)
 
     async def _frames(
         self, job_id: str, last: str | None, snapshot: dict[str, Any] | None
@@ -374,22 +351,14 @@ class _Service:
 
     async def list_jobs(self, request: Request) -> Response:
         """``GET /jobs``: running and stale jobs, from the running-jobs index (never SCAN)."""
-        limit = self.config.max_jobs
         try:
-            async with self._redis.pipeline(transaction=False) as pipe:
-                for key in self.schema.indexes():
-                    pipe.zrange(key, 0, limit - 1)
-                shards = await pipe.execute()
+            ids, truncated = await self.reader.running_ids(
+                index_shards=self.config.index_shards, limit=self.config.max_jobs
+            )
         except Exception as exc:
             return _failure(exc)
-        ids = sorted({to_text(m) or "" for shard in shards for m in shard})
-        truncated = len(ids) > limit
         allowed = []
-        for job_id in ids[:limit]:
-            try:
-                check_job_id(job_id)
-            except InvalidJobId:
-                continue
+        for job_id in ids:
             if await self._allowed(request, job_id):
                 allowed.append(job_id)
         results = await asyncio.gather(
