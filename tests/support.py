@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
+import sys
 from collections.abc import Awaitable, Callable
+from pathlib import Path
 from typing import Any, TypeVar
 
 T = TypeVar("T")
@@ -87,3 +90,37 @@ async def connect(url: str) -> Any:
     if url.startswith("cluster:"):
         return await RedisCluster.from_url(url.removeprefix("cluster:")).initialize()
     return aioredis.Redis.from_url(url)
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def spawn_ready(module: str, *args: str, stdin: bool = False) -> subprocess.Popen[str]:
+    """Start ``python -m module *args`` from the repository root; return once it printed a line
+    starting with ``ready`` (a real process: tests SIGKILL or SIGSTOP it)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", module, *args],
+        cwd=ROOT,
+        stdin=subprocess.PIPE if stdin else None,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    assert line.startswith("ready"), line
+    return proc
+
+
+def spawn_worker(url: str, ns: str, job: str, ttl: float) -> subprocess.Popen[str]:
+    """A worker process holding the heartbeat of ``job`` forever (worker_proc.py)."""
+    return spawn_ready("tests.integration.worker_proc", url, ns, job, str(ttl))
+
+
+def stop(proc: subprocess.Popen[str]) -> None:
+    """Kill the process (if it still runs), reap it and close its pipes."""
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+    for pipe in (proc.stdin, proc.stdout):
+        if pipe is not None:
+            pipe.close()

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import pytest
 import redis
 
 from tests.integration.http_server import ServerThread
+from tests.support import spawn_ready, stop
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
@@ -56,29 +55,6 @@ def server(redis_url: str, ns: str) -> Iterator[ServerThread]:
     client.close()
 
 
-def spawn(module: str, *args: str, stdin: bool = False) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", module, *args],
-        cwd=ROOT,
-        stdin=subprocess.PIPE if stdin else None,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line.startswith("ready"), line
-    return proc
-
-
-def stop(proc: subprocess.Popen[str]) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait()
-    for pipe in (proc.stdin, proc.stdout):
-        if pipe is not None:
-            pipe.close()
-
-
 def row(job: str) -> str:
     return f'tr[data-job="{job}"]'
 
@@ -106,8 +82,10 @@ def state_is(page: object, job: str, state: str) -> None:
 def test_bar_reaches_100_percent_and_a_killed_worker_turns_stale(
     browser: object, server: ServerThread, redis_url: str, ns: str
 ) -> None:
-    finite = spawn("tests.browser.finite_proc", redis_url, ns, "report/2024:q3", "30", stdin=True)
-    doomed = spawn("tests.integration.worker_proc", redis_url, ns, "video-encode-7", "1.0")
+    finite = spawn_ready(
+        "tests.browser.finite_proc", redis_url, ns, "report/2024:q3", "30", stdin=True
+    )
+    doomed = spawn_ready("tests.integration.worker_proc", redis_url, ns, "video-encode-7", "1.0")
     page = browser.new_page(viewport={"width": 1280, "height": 420})  # type: ignore[attr-defined]
     errors: list[str] = []
     page.on("pageerror", lambda exc: errors.append(str(exc)))
@@ -144,7 +122,7 @@ def test_bar_reaches_100_percent_and_a_killed_worker_turns_stale(
 def test_polling_fallback_follows_a_job_to_the_end(
     browser: object, server: ServerThread, redis_url: str, ns: str
 ) -> None:
-    finite = spawn("tests.browser.finite_proc", redis_url, ns, "polled", "15", stdin=True)
+    finite = spawn_ready("tests.browser.finite_proc", redis_url, ns, "polled", "15", stdin=True)
     page = browser.new_page()  # type: ignore[attr-defined]
     requests: list[str] = []
     page.on("request", lambda r: requests.append(r.url))
@@ -168,7 +146,7 @@ def test_sse_failure_falls_back_to_polling(
     browser: object, server: ServerThread, redis_url: str, ns: str
 ) -> None:
     """The event stream answers 503 (blocked here by the browser); the row keeps moving by polls."""
-    finite = spawn("tests.browser.finite_proc", redis_url, ns, "fallback", "15", stdin=True)
+    finite = spawn_ready("tests.browser.finite_proc", redis_url, ns, "fallback", "15", stdin=True)
     page = browser.new_page()  # type: ignore[attr-defined]
     page.route(
         "**/events*",

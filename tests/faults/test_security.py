@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,8 @@ from redis.exceptions import NoPermissionError
 
 from jobpulse import JobCancelled, JobState, StatusReader, Sweeper, heartbeat, request_cancel
 from jobpulse._provision import RedisServer
+
+from ..support import spawn_worker, stop
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "security.md"
@@ -65,22 +65,8 @@ async def test_worker_reader_and_sweeper_run_with_the_documented_acl(
 
     # a worker process running as the limited user is SIGKILLed; a sweeper claims its job
     url = f"redis://jobpulse:s3cret@127.0.0.1:{port}/0"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.worker_proc", url, "jobpulse", "acl-dead", "0.6"],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    try:
-        assert proc.stdout is not None
-        assert proc.stdout.readline().startswith("ready")
-        proc.kill()
-        proc.wait(10)
-    finally:
-        proc.kill()
-        proc.wait()
-        assert proc.stdout is not None
-        proc.stdout.close()
+    proc = spawn_worker(url, "jobpulse", "acl-dead", 0.6)
+    stop(proc)  # SIGKILL: the worker dies with its lease held
     claimed: list[str] = []
     async with asyncio.timeout(30):
         while not claimed:

@@ -24,7 +24,7 @@ from jobpulse._protocol.scripts import SCRIPTS
 from jobpulse._provision import RedisServer
 from jobpulse._worker.progress import NAME_PREFIX
 
-from ..support import Monitor, eventually
+from ..support import Monitor, eventually, spawn_worker, stop
 from . import work
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,19 +35,6 @@ async def private(private_redis: RedisServer) -> AsyncIterator[aioredis.Redis]:
     client = aioredis.Redis.from_url(private_redis.url)
     yield client
     await client.aclose()
-
-
-def spawn_worker(url: str, ns: str, job: str, ttl: float) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.worker_proc", url, ns, job, str(ttl)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line.startswith("ready"), line
-    return proc
 
 
 async def test_sigkilled_worker_loses_liveness_while_snapshot_says_running(
@@ -64,10 +51,7 @@ async def test_sigkilled_worker_loses_liveness_while_snapshot_says_running(
         assert time.monotonic() - killed_at <= 1.0 + 0.5  # within ttl (plus polling slack)
         assert await redis.hget(keys.state, "status") == b"RUNNING"
     finally:
-        proc.kill()
-        proc.wait()
-        assert proc.stdout is not None
-        proc.stdout.close()
+        stop(proc)
 
 
 async def _gone(redis: aioredis.Redis, key: str) -> bool:

@@ -12,11 +12,8 @@ import asyncio
 import contextlib
 import math
 import signal
-import subprocess
-import sys
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,9 +26,7 @@ from jobpulse import heartbeat
 from jobpulse._protocol.keys import KeySchema
 from jobpulse._provision import RedisServer
 from tests.integration.http_server import ServerThread
-from tests.support import eventually
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support import eventually, spawn_worker, stop
 
 
 @dataclass
@@ -420,29 +415,6 @@ async def test_stream_of_a_dead_worker_ends_with_stale(
         stop(proc)
     assert rest[-1].event == "stale"
     assert rest[-1].json()["status"] == "STALE"
-
-
-def spawn_worker(url: str, ns: str, job: str, ttl: float) -> subprocess.Popen[str]:
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "tests.integration.worker_proc", url, ns, job, str(ttl)],
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert proc.stdout is not None
-    line = proc.stdout.readline()
-    assert line.startswith("ready"), line
-    return proc
-
-
-def stop(proc: subprocess.Popen[str]) -> None:
-    proc.kill()
-    proc.wait()
-    if proc.stdout is not None:
-        proc.stdout.close()
-
-
-# -- the job list -----------------------------------------------------------------------------
 
 
 async def test_jobs_lists_running_and_stale_jobs(
