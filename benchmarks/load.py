@@ -1,0 +1,280 @@
+"""A load process: N concurrent jobs of one design, measured from inside.
+
+``python -m benchmarks.load IMPL URL N INTERVAL WARMUP WINDOW`` runs N jobs of IMPL with one
+update (beat) per job every INTERVAL seconds (0: as fast as the design goes), waits WARMUP
+seconds, then measures WINDOW seconds of updates and of this process's CPU time
+(``time.process_time``), and prints one JSON line. Running in a process of its own keeps the
+harness out of the CPU figure.
+
+Designs: ``jobpulse`` (the process-wide ticker), ``naive`` (one task and one ``EVALSHA`` of the
+same beat script per job: the design the ticker replaced), ``seed`` (the seed's pattern), and
+the peers ``saq``, ``rq``, ``celery`` (see :mod:`benchmarks.peers`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import secrets
+import sys
+import time
+from collections.abc import Callable
+from typing import Any
+
+import redis.asyncio as aioredis
+
+from .common import Probe
+
+NS = "load"
+
+
+class Meter:
+    """Counts updates; the harness reads it (:meth:`read`) at the window's edges only."""
+
+    def __init__(self) -> None:
+        self.updates = 0
+        self.errors = 0
+        self.lost = 0
+        self.reader: Callable[[], int] | None = None
+
+    def read(self) -> int:
+        return self.reader() if self.reader is not None else self.updates
+
+
+async def _advancer(cells: list[Any], period: float, stop: asyncio.Event) -> None:
+    """Move every job's progress, as running computations would (one task for all jobs)."""
+    while not stop.is_set():
+        for c in cells:
+            c.advance()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(period):
+                await stop.wait()
+
+
+async def _stop_staggered(tasks: list[asyncio.Task[Any]], release: list[asyncio.Event]) -> None:
+    """End the jobs 50 at a time, as a draining worker would."""
+    for first in range(0, len(tasks), 50):
+        for ev in release[first : first + 50]:
+            ev.set()
+        await asyncio.gather(*tasks[first : first + 50], return_exceptions=True)
+
+
+async def _staggered(n: int, batch: int, start_one: Callable[[int], Any]) -> None:
+    """Start n jobs, ``batch`` at a time (acquiring 10,000 leases at once would only measure
+    the connection pool)."""
+    for first in range(0, n, batch):
+        await asyncio.gather(*(start_one(i) for i in range(first, min(n, first + batch))))
+
+
+async def run_jobpulse(url: str, n: int, interval: float, meter: Meter, ready: asyncio.Event,
+                       stop: asyncio.Event) -> None:  # fmt: skip
+    from jobpulse import LeaseLost, heartbeat
+
+    client = aioredis.Redis.from_url(url)
+    ttl = max(6.0, 4 * interval) if interval > 0 else 5.0
+    iv = interval if interval > 0 else 0.001
+    hbs: list[Any] = []
+    prefix = secrets.token_hex(3)
+    release: list[asyncio.Event] = []
+
+    async def job(i: int, started: asyncio.Event, done: asyncio.Event) -> None:
+        try:
+            async with heartbeat(client, f"{prefix}-{i:06d}", namespace=NS, interval=iv, ttl=ttl,
+                                 total=1_000_000) as hb:  # fmt: skip
+                hbs.append(hb)
+                started.set()
+                await done.wait()  # an idle body: the computation runs elsewhere
+        except LeaseLost:
+            meter.lost += 1
+        finally:
+            started.set()
+
+    tasks: list[asyncio.Task[Any]] = []
+
+    async def start_one(i: int) -> None:
+        started, done = asyncio.Event(), asyncio.Event()
+        release.append(done)
+        tasks.append(asyncio.create_task(job(i, started, done)))
+        await started.wait()
+
+    await _staggered(n, 50, start_one)
+    meter.reader = lambda: sum(h.statistics().beats_written for h in hbs)
+    adv = asyncio.create_task(_advancer([h.progress for h in hbs], max(iv, 0.5), stop))
+    ready.set()
+    await stop.wait()
+    await adv
+    await _stop_staggered(tasks, release)
+    await client.aclose()
+
+
+async def run_naive(url: str, n: int, interval: float, meter: Meter, ready: asyncio.Event,
+                    stop: asyncio.Event) -> None:  # fmt: skip
+    """One task and one round trip per job per beat, the same Lua script as jobpulse."""
+    from jobpulse._protocol.keys import KeySchema
+    from jobpulse._protocol.scripts import SCRIPTS
+
+    pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=100, timeout=None)
+    client = aioredis.Redis(connection_pool=pool)
+    ttl_ms = int((max(6.0, 4 * interval) if interval > 0 else 5.0) * 1000)
+    schema = KeySchema(NS)
+    prefix = secrets.token_hex(3)
+    await client.script_load(SCRIPTS.beat.text)
+    await client.script_load(SCRIPTS.acquire.text)
+
+    async def job(i: int, started: asyncio.Event) -> None:
+        keys = schema.job(f"{prefix}-n{i:06d}").all()
+        token = secrets.token_hex(8)
+        try:
+            reply = await client.evalsha(SCRIPTS.acquire.sha, 5, *keys, token, ttl_ms, 1000,
+                                         "naive", "1000000", "", "")  # fmt: skip
+        finally:
+            started.set()
+        fence, seq = int(reply[1]), int(reply[3])
+        done = 0
+        while not stop.is_set():
+            t0 = time.monotonic()
+            seq += 1
+            done += 1
+            kind = "beat" if seq % 10 == 0 else ""
+            try:
+                r = await client.evalsha(SCRIPTS.beat.sha, 5, *keys, token, fence, ttl_ms, seq,
+                                         kind, "", 1000, done, 1000000, "", "0", "", "", "",
+                                         "0.0")  # fmt: skip
+                if int(r[0]) < 0:
+                    meter.lost += 1
+                    return
+                meter.updates += 1
+            except Exception:
+                meter.errors += 1
+            if interval > 0:
+                await asyncio.sleep(max(0.0, interval - (time.monotonic() - t0)))
+
+    tasks = []
+
+    async def start_one(i: int) -> None:
+        started = asyncio.Event()
+        tasks.append(asyncio.create_task(job(i, started)))
+        await started.wait()
+
+    await _staggered(n, 50, start_one)
+    ready.set()
+    await stop.wait()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await client.aclose()
+
+
+async def run_seed(url: str, n: int, interval: float, meter: Meter, ready: asyncio.Event,
+                   stop: asyncio.Event) -> None:  # fmt: skip
+    from .seed import SeedJob
+
+    pool = aioredis.BlockingConnectionPool.from_url(url, max_connections=100, timeout=None)
+    client = aioredis.Redis(connection_pool=pool)
+    prefix = secrets.token_hex(3)
+
+    async def job(i: int, started: asyncio.Event) -> None:
+        seed = SeedJob(client, f"{prefix}-s{i:06d}", interval=interval, ttl=6.0)
+        try:
+            ok = await client.set(seed.lock_key, seed.lock_val, nx=True, px=seed.ttl_ms)
+        finally:
+            started.set()
+        assert ok
+        while not stop.is_set():
+            t0 = time.monotonic()
+            seed.progress += 1
+            try:
+                if not await seed.beat():
+                    meter.lost += 1
+                    return
+                meter.updates += 1
+            except Exception:
+                meter.errors += 1
+            if interval > 0:
+                await asyncio.sleep(max(0.0, interval - (time.monotonic() - t0)))
+
+    tasks = []
+
+    async def start_one(i: int) -> None:
+        started = asyncio.Event()
+        tasks.append(asyncio.create_task(job(i, started)))
+        await started.wait()
+
+    await _staggered(n, 50, start_one)
+    ready.set()
+    await stop.wait()
+    await asyncio.gather(*tasks, return_exceptions=True)
+    await client.aclose()
+
+
+def _server_cpu(probe: Probe) -> float:
+    info = probe.info("cpu")
+    return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
+
+
+def designs() -> dict[str, Any]:
+    from . import peers
+
+    return {
+        "jobpulse": run_jobpulse,
+        "naive": run_naive,
+        "seed": run_seed,
+        **peers.load_functions(),
+    }
+
+
+async def measure(impl: str, url: str, n: int, interval: float, warmup: float,
+                  window: float) -> dict[str, Any]:  # fmt: skip
+    meter = Meter()
+    ready, stop = asyncio.Event(), asyncio.Event()
+    t_setup = time.monotonic()
+    task = asyncio.create_task(designs()[impl](url, n, interval, meter, ready, stop))
+    waiter = asyncio.create_task(ready.wait())
+    await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        task.result()  # raise the design's error
+    setup = time.monotonic() - t_setup
+    await asyncio.sleep(warmup)
+    probe = Probe(int(url.rsplit(":", 1)[1].split("/")[0]))
+    s0 = _server_cpu(probe)
+    u0, c0, w0 = meter.read(), time.process_time(), time.monotonic()
+    lag_max = 0.0
+    t_next = w0
+    while time.monotonic() - w0 < window:  # also watch this loop's own lag
+        t_next += 0.1
+        await asyncio.sleep(max(0.0, t_next - time.monotonic()))
+        lag_max = max(lag_max, time.monotonic() - t_next)
+    u1, c1, w1 = meter.read(), time.process_time(), time.monotonic()
+    s1 = _server_cpu(probe)
+    probe.close()
+    stop.set()
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(60):
+            await task
+    rate = (u1 - u0) / (w1 - w0)
+    cpu = (c1 - c0) / (w1 - w0)
+    return {
+        "impl": impl,
+        "jobs": n,
+        "interval": interval,
+        "target_rate": n / interval if interval > 0 else None,
+        "rate": rate,
+        "cpu_core_fraction": cpu,
+        "cpu_pct_per_1k": 100 * cpu / (rate / 1000) if rate else None,
+        "server_cpu_core_fraction": (s1 - s0) / (w1 - w0),
+        "server_cpu_pct_per_1k": 100 * (s1 - s0) / (w1 - w0) / (rate / 1000) if rate else None,
+        "setup_s": setup,
+        "window_s": w1 - w0,
+        "loop_lag_max_s": lag_max,
+        "errors": meter.errors,
+        "lost": meter.lost,
+    }
+
+
+def main() -> None:
+    impl, url, n, interval, warmup, window = sys.argv[1:7]
+    res = asyncio.run(measure(impl, url, int(n), float(interval), float(warmup), float(window)))
+    print(json.dumps(res), flush=True)
+
+
+if __name__ == "__main__":
+    main()
