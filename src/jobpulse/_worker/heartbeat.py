@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import secrets
 import socket
@@ -135,7 +136,9 @@ class JobHeartbeat:
         self._last_event_beat = 0
         self._written = 0
         self._failed = 0
-        self._due = 0.0
+        self._due = 0.0  # when the next beat is due (our clock)
+        self._planned = math.nan  # the ticker's plan key for _due (stale heap entries differ)
+        self._expiry: asyncio.TimerHandle | None = None
         self._rate = RateWindow()
         self._ticker: Ticker | None = None
         self._host: asyncio.Task[Any] | None = None
@@ -179,9 +182,7 @@ class JobHeartbeat:
             raise RuntimeError("checkpoint() is only allowed inside `async with heartbeat(...)`")
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._checkpoints.append((text, future))
-        self._due = self._clock()
-        if self._ticker is not None:
-            self._ticker.wake()
+        self._plan(self._clock())
         await future
 
     def statistics(self) -> HeartbeatStatistics:
@@ -228,6 +229,7 @@ class JobHeartbeat:
         self._started_ms = int(reply[5])
         self._lease = Lease(self._cfg.ttl, sent_at)
         self._due = sent_at + self._cfg.interval
+        self._arm_expiry()
         # Index the job at once: a worker that dies before its first beat is still found.
         deadline = int(reply[5]) + int(self._cfg.index_horizon * 1000)
         try:
@@ -245,6 +247,7 @@ class JobHeartbeat:
     ) -> None:
         self._in_body = False
         self._ended = True
+        self._disarm_expiry()
         if self._ticker is not None:
             self._ticker.remove(self)
         host = self._host
@@ -360,8 +363,37 @@ class JobHeartbeat:
 
     # -- called by the ticker (synchronous, no I/O) ------------------------------------------
 
-    def _is_due(self, now: float) -> bool:
-        return self._inflight is None and self._due - 0.1 * self._cfg.interval <= now
+    def _plan(self, due: float) -> None:
+        """Set when the next beat is due and tell the ticker."""
+        self._due = due
+        if self._ticker is not None and not self._ended:
+            self._ticker.schedule(self)
+
+    def _arm_expiry(self) -> None:
+        """A loop timer at the lease deadline, independent of the ticker and of every reply.
+
+        It is not moved on each renewal: when it fires it re-arms itself at the (later) deadline
+        if the lease was renewed meanwhile, so a job costs one timer per ``ttl``, not per beat.
+        """
+        delay = self._lease.deadline - self._clock()
+        loop = asyncio.get_running_loop()
+        self._expiry = loop.call_later(max(delay, 0.0), self._expiry_fired)
+
+    def _expiry_fired(self) -> None:
+        self._expiry = None
+        if self._ended or not self._lease.held:
+            return
+        try:
+            if not self._expire_if_due(self._clock()):
+                self._arm_expiry()
+        except Exception as exc:  # a bug (or a broken injected clock): never a silent death
+            log.exception("job %s: lease timer failed; stopping the job", self.job_id)
+            self._crashed(exc)
+
+    def _disarm_expiry(self) -> None:
+        if self._expiry is not None:
+            self._expiry.cancel()
+            self._expiry = None
 
     def _next_beat(self, now: float, lag: float, sample: ProcessSample) -> list[Any]:
         """Build the next beat's ARGV and mark it in flight."""
@@ -434,29 +466,39 @@ class JobHeartbeat:
                 _fail(inflight[1][1], LeaseLost(self.job_id, self._lease.lost or cause))  # type: ignore[arg-type]
             return
         self._lease.renewed(sent_at)
-        self._due = sent_at + self._cfg.interval
+        # keep the cadence: beats are sent up to a tenth of an interval early (to share ticks)
+        due = self._due + self._cfg.interval
+        if due <= sent_at:  # late (a starved loop, a slow reply): no burst to catch up
+            due = sent_at + self._cfg.interval
         if outcome is BeatOutcome.SEQ_BEHIND:
             self._seq = max(self._seq, snapshot_seq)
             self._requeue(inflight)
-            self._due = sent_at
+            due = sent_at
         else:
             self._written += 1
             self._resend_static = outcome is BeatOutcome.RESEND_STATIC
             if self._resend_static:
-                self._due = sent_at  # resend the static fields at once
+                due = sent_at  # resend the static fields at once
             if inflight and inflight[1] and not inflight[1][1].done():
                 inflight[1][1].set_result(None)
+        if self._checkpoints:
+            due = sent_at  # a checkpoint asked for while this beat was in flight
+        self._plan(due)
         if cancel and not self._cancel_requested:
             self._cancel_requested = True
             self._interrupt()
 
-    def _beat_failed(self, sent_at: float, exc: BaseException, *, quiet: bool = False) -> None:
+    def _beat_failed(
+        self, sent_at: float, exc: BaseException, *, quiet: bool = False, at_once: bool = False
+    ) -> None:
+        """A beat got no answer, or an error. Retry after ``min(interval, 0.25)`` s, or at once
+        (NOSCRIPT: the script is being loaded). ``quiet``: the caller logs for many jobs."""
         inflight, self._inflight = self._inflight, None
         if self._ended:
             return
         self._failed += 1
         self._requeue(inflight)
-        self._due = sent_at + min(self._cfg.interval, 0.25)
+        self._plan(sent_at if at_once else sent_at + min(self._cfg.interval, 0.25))
         if not quiet:
             self._warn.warning("job %s: beat failed, retrying: %r", self.job_id, exc)
 
