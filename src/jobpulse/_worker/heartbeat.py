@@ -116,7 +116,7 @@ class JobHeartbeat:
             raise ValueError("worker must be a str of 1 to 200 characters")
         self._redis = redis
         self._clock = clock
-        self._token = secrets.token_hex(8)
+        self._token = secrets.token_hex(6)  # 48 random bits: together with the fence, unique
         self._warn = RateLimitedLog(log, clock)
 
         self.progress: ProgressCell
@@ -131,6 +131,7 @@ class JobHeartbeat:
         self._checkpoints: deque[tuple[str, asyncio.Future[None]]] = deque()
         self._last_checkpoint = ""
         self._inflight: tuple[str, tuple[str, asyncio.Future[None]] | None] | None = None
+        self._beat_head: list[bytes] = []
         self._resend_static = False
         self._beats = 0
         self._last_event_beat = 0
@@ -228,6 +229,9 @@ class JobHeartbeat:
         self._last_checkpoint = resume or ""
         self._started_ms = int(reply[5])
         self._lease = Lease(self._cfg.ttl, sent_at)
+        # What every beat starts with, encoded once (redis-py passes bytes through as they are).
+        head = (SCRIPTS.beat.sha, 5, *self._keys, self._token, self.fence, self._cfg.ttl_ms)
+        self._beat_head = [str(x).encode() for x in head]
         self._due = sent_at + self._cfg.interval
         self._arm_expiry()
         # Index the job at once: a worker that dies before its first beat is still found.
@@ -396,7 +400,7 @@ class JobHeartbeat:
             self._expiry = None
 
     def _next_beat(self, now: float, lag: float, sample: ProcessSample) -> list[Any]:
-        """Build the next beat's ARGV and mark it in flight."""
+        """Build the next beat (the arguments of ``EVALSHA``) and mark it in flight."""
         kind, details, checkpoint = "", "", None
         self._beats += 1
         if self._checkpoints:
@@ -412,9 +416,7 @@ class JobHeartbeat:
         self._inflight = (kind, checkpoint)
         self._seq += 1
         args: list[Any] = [
-            self._token,
-            self.fence,
-            self._cfg.ttl_ms,
+            *self._beat_head,
             self._seq,
             kind,
             details,

@@ -1,6 +1,7 @@
 """ProgressCell: progress counters in shared memory, updated by the computation for almost nothing.
 
-Layout of the block (little-endian int64 slots)::
+A cell is a slice of a shared-memory block (see :mod:`.arena`: many cells per block). Its
+layout, in int64 slots::
 
     [0] magic   [1] total (-1: unknown)   [2] cancelled (0/1)   [3] lanes handed out
     [4..7] reserved
@@ -18,38 +19,18 @@ from __future__ import annotations
 
 import contextlib
 import os
-import secrets
-from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 from typing import Any
 
 from ..errors import JobCancelled
+from .arena import NAME_PREFIX, Block, allocate, attach, release
 
 __all__ = ["LANES", "NAME_PREFIX", "ProgressCell"]
 
-NAME_PREFIX = "jobpulse_"
-"""Every block is named ``jobpulse_<creator pid>_<random>`` so leftovers can be found."""
-
-LANES = 256
+LANES = 64
 _MAGIC = 0x6A70756C7365  # "jpulse"
 _TOTAL, _CANCELLED, _LANES_USED, _FIRST = 1, 2, 3, 8
-_SIZE = (_FIRST + LANES) * 8
-
-
-def _open(name: str) -> shared_memory.SharedMemory:
-    """Attach to an existing block without handing its lifetime to a tracker of our own.
-
-    Python < 3.13 registers every attach with the resource tracker. A process that shares its
-    creator's tracker (spawned or forked pool workers do) re-registers a name already there: a
-    no-op. A process with a tracker of its own (forked before the creator's tracker started)
-    would have that tracker unlink the block when it exits, so there we unregister at once.
-    """
-    shared = getattr(resource_tracker._resource_tracker, "_fd", None) is not None
-    shm = shared_memory.SharedMemory(name=name)
-    if not shared:
-        with contextlib.suppress(Exception):
-            resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
-    return shm
+_INTS = _FIRST + LANES
 
 
 class ProgressCell:
@@ -63,14 +44,12 @@ class ProgressCell:
         total: the number of items, or None when unknown.
     """
 
-    __slots__ = ("__weakref__", "_creator", "_lane", "_n", "_shm", "_v")
+    __slots__ = ("__weakref__", "_block", "_creator", "_index", "_lane", "_n", "_v")
 
     def __init__(self, total: int | None = None) -> None:
         _check_total(total)
-        name = f"{NAME_PREFIX}{os.getpid()}_{secrets.token_hex(6)}"
-        # The creator's resource tracker unlinks the block should this process be killed.
-        self._shm = shared_memory.SharedMemory(name=name, create=True, size=_SIZE)
-        self._v: memoryview = _view(self._shm)
+        self._block, self._index = allocate(_INTS)
+        self._v: memoryview = _slice(self._block, self._index)
         self._v[0] = _MAGIC
         self._v[_TOTAL] = -1 if total is None else total
         self._v[_LANES_USED] = 1
@@ -79,19 +58,19 @@ class ProgressCell:
         self._creator = True
 
     @classmethod
-    def _attach(cls, name: str, lane: int) -> ProgressCell:
+    def _attach(cls, name: str, index: int, lane: int) -> ProgressCell:
         self = cls.__new__(cls)
-        self._shm = _open(name)
-        self._v = _view(self._shm)
+        self._block, self._index = attach(name), index
+        self._v = _slice(self._block, index)
         if self._v[0] != _MAGIC:
-            raise ValueError(f"shared memory block {name!r} is not a jobpulse ProgressCell")
+            raise ValueError(f"{name!r} cell {index} is not a jobpulse ProgressCell")
         self._lane = lane
         self._n = self._v[lane]
         self._creator = False
         return self
 
-    def __reduce__(self) -> tuple[Any, tuple[str, int]]:
-        return (ProgressCell._attach, (self._shm.name, self._next_lane()))
+    def __reduce__(self) -> tuple[Any, tuple[str, int, int]]:
+        return (ProgressCell._attach, (self.name, self._index, self._next_lane()))
 
     def _next_lane(self) -> int:
         used = self._v[_LANES_USED]
@@ -100,7 +79,7 @@ class ProgressCell:
 
     def lane(self) -> ProgressCell:
         """A view of this cell with a lane of its own (one per thread on free-threaded builds)."""
-        return ProgressCell._attach(self._shm.name, self._next_lane())
+        return ProgressCell._attach(self.name, self._index, self._next_lane())
 
     # -- the hot path: no I/O, no lock, one shared-memory store --------------------------------
 
@@ -149,25 +128,18 @@ class ProgressCell:
 
     @property
     def name(self) -> str:
-        """The shared-memory block's name (``jobpulse_<pid>_<random>``)."""
-        return self._shm.name
+        """The name of the shared-memory block holding the cell (``jobpulse_<pid>_<random>``)."""
+        return self._block.name
 
     def _cancel(self) -> None:
         self._v[_CANCELLED] = 1
 
     def _unlink(self) -> None:
-        """Remove the block's name; the mapping lives on until the last view is collected."""
-        if not self._creator:
-            return
-        self._creator = False
-        with contextlib.suppress(FileNotFoundError):
-            self._shm.unlink()
-
-    def __del__(self) -> None:
-        # Release our view before closing, or close() refuses (exported buffer).
-        with contextlib.suppress(Exception):
-            self._v.release()
-            self._shm.close()
+        """The job is over: its block is unlinked once none of its cells is live. The mapping
+        lives on until the last view is released (a computation may still be writing)."""
+        if self._creator:
+            self._creator = False
+            release(self._block)
 
     def __repr__(self) -> str:
         return (
@@ -193,10 +165,8 @@ class ProgressCell:
         return removed
 
 
-def _view(shm: shared_memory.SharedMemory) -> memoryview:
-    buf = shm.buf
-    assert buf is not None
-    return buf.cast("q")
+def _slice(block: Block, index: int) -> memoryview:
+    return block.view[index * _INTS : (index + 1) * _INTS]
 
 
 def _pid_alive(pid: int) -> bool:

@@ -1,9 +1,9 @@
 """One ticker per Redis client beats every job of the process.
 
 One task and one round trip per job tops out near 4,000 beats/s; here every tick takes the jobs
-that are due from a heap (planned a tenth of their interval early, so beats coalesce: a tick
-costs O(due · log n), never a scan of every job), builds their beats synchronously in chunks of
-``CHUNK`` (yielding to the loop between chunks), and sends each chunk as one pipeline of
+that are due from a heap, with those due within a tenth of their interval (so beats coalesce;
+a tick costs O(due · log n), never a scan of every job), builds their beats synchronously in
+chunks of ``CHUNK`` (yielding to the loop between chunks), and sends each chunk as one pipeline of
 ``EVALSHA`` on its own connection. Lease deadlines are loop timers of each job (see
 ``JobHeartbeat._arm_expiry``), never checked by waiting for a reply, so a job's local-ttl stop
 does not depend on the ticker or on another job's slow reply; each pipeline is bounded by the
@@ -37,6 +37,8 @@ __all__ = ["CHUNK", "Ticker"]
 
 log = logging.getLogger("jobpulse")
 CHUNK = 256
+COALESCE = 0.1
+"""A beat may go out this fraction of its interval early, to share a pipeline."""
 SENDS = 16
 """Pipelines in flight at once per client: redis-py's pool refuses a 101st connection by
 default (MaxConnectionsError), and a few pipelines already keep one Redis busy."""
@@ -87,9 +89,8 @@ class Ticker:
             self._wake.set()
 
     def schedule(self, job: JobHeartbeat) -> None:
-        """Plan ``job``'s next beat at ``job._due``, a tenth of its interval early so that jobs
-        due at about the same time share a tick."""
-        when = job._due - 0.1 * job._cfg.interval
+        """Plan ``job``'s next beat at ``job._due``."""
+        when = job._due
         job._planned = when
         heapq.heappush(self._plan, (when, next(self._order), job))
         if when < self._next_wake:
@@ -128,9 +129,11 @@ class Ticker:
             self._running = False
 
     def _take_due(self, now: float) -> list[JobHeartbeat]:
+        """Pop the jobs due now and those due within a tenth of their interval: beats of jobs
+        started at scattered times coalesce into a few pipelines per interval, not one each."""
         due: list[JobHeartbeat] = []
         plan = self._plan
-        while plan and plan[0][0] <= now:
+        while plan and plan[0][0] - COALESCE * plan[0][2]._cfg.interval <= now:
             when, _, job = heapq.heappop(plan)
             live = self._jobs.get(id(job)) is job and job._planned == when
             if live and job._inflight is None and job._lease.held:
@@ -176,9 +179,9 @@ class Ticker:
         try:
             async with asyncio.timeout(budget), self._sends:
                 pipe = self._redis.pipeline(transaction=False)
-                for job, args in beats:
+                for _job, args in beats:
                     # execute_command: redis-py blocks pipe.evalsha() on RedisCluster pipelines
-                    pipe.execute_command("EVALSHA", SCRIPTS.beat.sha, 5, *job._keys, *args)
+                    pipe.execute_command("EVALSHA", *args)
                 for key, members in index.items():
                     pipe.zadd(key, members)
                 results = await pipe.execute(raise_on_error=False)

@@ -24,14 +24,14 @@ end
 ]]
 local function owner(token, fence, ttl_ms)
   local holder = redis.call('GET', KEYS[3])
-  local current = redis.call('GET', KEYS[5])
   if holder == token then
-    if current and tonumber(current) ~= fence then return -2 end
-    if not current then redis.call('SET', KEYS[5], fence) end
+    -- Nobody can move the fence while our lease exists: acquire and claim both require the
+    -- lease to be gone. So the fast path (every beat) skips reading the fence.
     redis.call('PEXPIRE', KEYS[3], ttl_ms)
     return 1
   end
   if holder then return -1 end
+  local current = redis.call('GET', KEYS[5])
   if current and tonumber(current) ~= fence then return -2 end
   local status = redis.call('HGET', KEYS[1], 'status')
   if status and status ~= 'RUNNING' then return -2 end
@@ -41,27 +41,18 @@ local function owner(token, fence, ttl_ms)
   return 3
 end
 
--- HSET the positional dynamic values ARGV[first .. first+7]; progress_ms moves when done does.
-local function write_dynamic(first, now)
-  local args = {}
+-- Append to `args` the field/value pairs of the positional dynamic values ARGV[first ..
+-- first+7], and progress_ms when `done` moved (old_done: the stored value).
+local function dynamic_pairs(args, first, old_done, now)
   for i, name in ipairs(DYNAMIC) do
     args[#args + 1] = name
     args[#args + 1] = ARGV[first + i - 1]
   end
-  if redis.call('HGET', KEYS[1], 'done') ~= ARGV[first] then
+  if old_done ~= ARGV[first] then
     args[#args + 1] = 'progress_ms'
     args[#args + 1] = now
   end
-  args[#args + 1] = 'heartbeat_ms'
-  args[#args + 1] = now
-  redis.call('HSET', KEYS[1], unpack(args))
-end
-
--- HSET trailing field/value pairs ARGV[first ..] (static fields resent after a data loss).
-local function write_pairs(first)
-  if #ARGV >= first + 1 then
-    redis.call('HSET', KEYS[1], unpack(ARGV, first, #ARGV))
-  end
+  return args
 end
 
 -- XADD one checkpoint entry read back from the snapshot.

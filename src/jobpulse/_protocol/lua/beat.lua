@@ -21,16 +21,32 @@ local seq = tonumber(ARGV[4])
 local code = owner(ARGV[1], fence, ttl)
 if code < 0 then return {code, 0, 0, 0} end
 
-local now = now_ms()
 redis.call('SET', KEYS[4], fence, 'PX', ttl)
-local h = redis.call('HMGET', KEYS[1], 'seq', 'cancel')
+local h = redis.call('HMGET', KEYS[1], 'seq', 'cancel', 'done')
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local current = tonumber(h[1]) or 0
 local cancel = 0
 if h[2] == '1' then cancel = 1 end
 if seq <= current then return {0, cancel, now, current} end
 
-write_dynamic(8, now)
-write_pairs(16)
-redis.call('HSET', KEYS[1], 'seq', seq, 'status', 'RUNNING', 'fence', fence)
-if ARGV[5] ~= '' then add_event(ARGV[7], ARGV[5], ARGV[6], now) end
+-- One HSET: the dynamic values (positional), seq, the times, and what a re-take restores.
+local args = dynamic_pairs({'seq', seq, 'heartbeat_ms', now}, 8, h[3], now)
+if code ~= 1 then
+  args[#args + 1] = 'status'
+  args[#args + 1] = 'RUNNING'
+  args[#args + 1] = 'fence'
+  args[#args + 1] = fence
+end
+for i = 16, #ARGV do args[#args + 1] = ARGV[i] end
+redis.call('HSET', KEYS[1], unpack(args))
+if ARGV[5] ~= '' then
+  local entry = {'kind', ARGV[5], 'status', 'RUNNING', 'stage', ARGV[10], 'done', ARGV[8],
+                 'total', ARGV[9], 'seq', seq, 'fence', fence, 'ts_ms', now}
+  if ARGV[6] ~= '' then
+    entry[#entry + 1] = 'details'
+    entry[#entry + 1] = ARGV[6]
+  end
+  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[7], '*', unpack(entry))
+end
 return {code, cancel, now, seq}

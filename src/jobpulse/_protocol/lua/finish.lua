@@ -20,15 +20,16 @@ local ended = redis.call('HMGET', KEYS[1], 'status', 'fence')
 if ended[1] and ended[1] ~= 'RUNNING' and tonumber(ended[2]) == fence then return {0, 0} end
 local code = owner(ARGV[1], fence, tonumber(ARGV[3]))
 if code < 0 then return {code, 0} end
-local h = redis.call('HMGET', KEYS[1], 'status', 'seq')
+local h = redis.call('HMGET', KEYS[1], 'status', 'seq', 'done')
 if h[1] and h[1] ~= 'RUNNING' then return {0, 0} end
 
 local now = now_ms()
 local seq = math.max(tonumber(ARGV[4]), (tonumber(h[2]) or 0) + 1)
-write_dynamic(10, now)
-write_pairs(18)
-redis.call('HSET', KEYS[1], 'status', ARGV[5], 'error', ARGV[6], 'seq', seq, 'fence', fence,
-  'finished_ms', now)
+local args = {'status', ARGV[5], 'error', ARGV[6], 'seq', seq, 'fence', fence,
+              'finished_ms', now, 'heartbeat_ms', now}
+dynamic_pairs(args, 10, h[3], now)
+for i = 18, #ARGV do args[#args + 1] = ARGV[i] end
+redis.call('HSET', KEYS[1], unpack(args))
 redis.call('HDEL', KEYS[1], 'cancel')
 add_event(ARGV[7], 'end', ARGV[9], now)
 redis.call('DEL', KEYS[3], KEYS[4])
