@@ -8,6 +8,7 @@ seconds so that many jobs beating in one tick share one sample.
 from __future__ import annotations
 
 import contextlib
+import logging
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 import psutil
 
 __all__ = ["ProcessSample", "ProcessSampler", "RateWindow"]
+
+log = logging.getLogger("jobpulse")
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +49,13 @@ class ProcessSampler:
         if now - self._at < self._max_age:
             return self._last
         self._at = now
+        try:
+            self._last = self._measure()
+        except (psutil.Error, OSError) as exc:  # e.g. EMFILE: keep the last sample, never crash
+            log.debug("process sample failed, keeping the last one: %r", exc)
+        return self._last
+
+    def _measure(self) -> ProcessSample:
         rss = 0
         cpu = 0.0
         procs = [self._proc]
@@ -61,8 +71,7 @@ class ProcessSampler:
                 rss += proc.memory_info().rss
                 t = proc.cpu_times()
                 cpu += t.user + t.system
-        self._last = ProcessSample(rss, cpu)
-        return self._last
+        return ProcessSample(rss, cpu)
 
 
 class RateWindow:
