@@ -14,7 +14,7 @@ any HTTP library, so the client side is not what is measured).
    (200 with the JSON body: a miss). The job's snapshot does not change during the window, and
    the reader's 0.5 s cache answers most reads, so this is the HTTP layer's own cost.
 
-Run: ``python benchmarks/bench_http.py [REDIS_URL] [--quick]`` (without a URL it starts a
+Run: ``python -m benchmarks.bench_http [REDIS_URL] [--quick]`` (without a URL it starts a
 private redis-server); prints JSON. ``run(redis_url)`` flushes that server.
 """
 
@@ -23,7 +23,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import importlib.util
-import json
 import os
 import platform
 import socket
@@ -39,6 +38,8 @@ import redis.asyncio as aioredis
 
 from jobpulse import heartbeat
 from jobpulse._protocol.keys import KeySchema
+
+from .common import standalone_main
 
 NS = "bench"
 NAME = "http"
@@ -328,16 +329,7 @@ def run(redis_url: str, quick: bool = False) -> dict[str, Any]:
 
 
 def main() -> None:
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    quick = "--quick" in sys.argv
-    if args:
-        result = run(args[0], quick)
-    else:
-        from jobpulse._provision import RedisServer
-
-        with RedisServer() as server:
-            result = run(server.url, quick)
-    print(json.dumps(result, indent=2))
+    standalone_main(run)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@
    their streams through one reader; a writer on another client XADDs entries whose details
    carry ``perf_counter()``; each watcher records receive time minus that. Goal: p99 < 20 ms.
 
-Run: ``python benchmarks/bench_reader.py [REDIS_URL]`` (without a URL it starts a private
+Run: ``python -m benchmarks.bench_reader [REDIS_URL]`` (without a URL it starts a private
 redis-server; prints JSON). ``run(redis_url)`` wants a server of its own: commandstats are
 server-wide and ``CONFIG RESETSTAT`` is sent.
 """
@@ -21,11 +21,9 @@ server-wide and ``CONFIG RESETSTAT`` is sent.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import platform
 import statistics
-import sys
 import time
 from typing import Any
 
@@ -35,6 +33,8 @@ import redis.asyncio as aioredis
 from jobpulse import StatusReader
 from jobpulse._protocol.keys import KeySchema
 from jobpulse._reader.status import ALL_FIELDS
+
+from .common import standalone_main
 
 NS = "bench"
 
@@ -232,16 +232,7 @@ def run(redis_url: str, quick: bool = False) -> dict[str, Any]:
 
 
 def main() -> None:
-    args = [a for a in sys.argv[1:] if not a.startswith("--")]
-    quick = "--quick" in sys.argv
-    if args:
-        result = run(args[0], quick)
-    else:
-        from jobpulse._provision import RedisServer
-
-        with RedisServer() as server:
-            result = run(server.url, quick)
-    print(json.dumps(result, indent=2))
+    standalone_main(run)
 
 
 if __name__ == "__main__":

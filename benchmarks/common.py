@@ -350,3 +350,18 @@ def timed(fn: Callable[[], object]) -> float:
     t0 = time.perf_counter_ns()
     fn()
     return float(time.perf_counter_ns() - t0)
+
+
+def standalone_main(run: Callable[[str, bool], Any]) -> None:
+    """``python -m benchmarks.bench_x [REDIS_URL] [--quick]``: run one benchmark on its own,
+    against the given Redis or a private ``redis-server``, and print its JSON."""
+    import json
+
+    args = [a for a in sys.argv[1:] if not a.startswith("--")]
+    quick = "--quick" in sys.argv
+    if args:
+        result = run(args[0], quick)
+    else:
+        with private_redis() as server:
+            result = run(server.url, quick)
+    print(json.dumps(result, indent=2, default=str))
