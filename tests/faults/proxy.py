@@ -85,6 +85,11 @@ class FaultProxy:
                 self._server.close()
             for w in list(self._writers):
                 w.transport.abort()
+            # end the connection handlers before the loop stops (no "Task was destroyed")
+            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+            for t in tasks:
+                t.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
 
         with contextlib.suppress(Exception):
             self._call_coro(stop()).result(5)
