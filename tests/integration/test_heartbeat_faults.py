@@ -75,7 +75,8 @@ async def test_one_beat_is_one_top_level_command(private_redis: RedisServer) -> 
     names = mon.commands()
     # one EVALSHA per beat, plus the acquire and the final write
     assert names.count("evalsha") == stats.beats_sent + 2, (names.count("evalsha"), stats)
-    others = [n for n in names if n not in ("evalsha", "zadd", "zrem")]
+    # (a connection opened meanwhile says HELLO / CLIENT SETINFO once: not per beat)
+    others = [n for n in names if n not in ("evalsha", "zadd", "zrem", "hello", "client")]
     assert others == [], others
     # the running-index refresh: one ZADD per 10 beats (plus one at acquire)
     assert names.count("zadd") <= stats.beats_sent // 10 + 2
