@@ -39,22 +39,13 @@ import redis.asyncio as aioredis
 from jobpulse import heartbeat
 from jobpulse._protocol.keys import KeySchema
 
+from .common import pct as _pct
 from .common import standalone_main
 
 NS = "bench"
 NAME = "http"
 TITLE = "HTTP adapter: SSE fan-out and JSON polling"
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def _pct(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    k = (len(s) - 1) * q / 100
-    lo = int(k)
-    hi = min(lo + 1, len(s) - 1)
-    return s[lo] + (s[hi] - s[lo]) * (k - lo)
 
 
 def _stack() -> str:

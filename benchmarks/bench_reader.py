@@ -34,16 +34,9 @@ from jobpulse import StatusReader
 from jobpulse._protocol.keys import KeySchema
 from jobpulse._reader.status import ALL_FIELDS
 
-from .common import standalone_main
+from .common import pct, standalone_main
 
 NS = "bench"
-
-
-def pct(values: list[float], q: float) -> float:
-    """The q-th percentile (0..100) of ``values``, nearest rank."""
-    ordered = sorted(values)
-    rank = max(0, min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1))))
-    return ordered[rank]
 
 
 def summary_us(samples: list[float]) -> dict[str, float]:

@@ -60,6 +60,26 @@ async def _stop_staggered(tasks: list[asyncio.Task[Any]], release: list[asyncio.
         await asyncio.gather(*tasks[first : first + 50], return_exceptions=True)
 
 
+async def _hold(
+    n: int,
+    job: Callable[[int, asyncio.Event], Any],
+    ready: asyncio.Event,
+    stop: asyncio.Event,
+) -> None:
+    """Start ``n`` jobs 50 at a time, say ready, run them until ``stop``, then reap them."""
+    tasks: list[asyncio.Task[Any]] = []
+
+    async def start_one(i: int) -> None:
+        started = asyncio.Event()
+        tasks.append(asyncio.create_task(job(i, started)))
+        await started.wait()
+
+    await _staggered(n, 50, start_one)
+    ready.set()
+    await stop.wait()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def _staggered(n: int, batch: int, start_one: Callable[[int], Any]) -> None:
     """Start n jobs, ``batch`` at a time (acquiring 10,000 leases at once would only measure
     the connection pool)."""
@@ -150,17 +170,7 @@ async def run_naive(url: str, n: int, interval: float, meter: Meter, ready: asyn
             if interval > 0:
                 await asyncio.sleep(max(0.0, interval - (time.monotonic() - t0)))
 
-    tasks = []
-
-    async def start_one(i: int) -> None:
-        started = asyncio.Event()
-        tasks.append(asyncio.create_task(job(i, started)))
-        await started.wait()
-
-    await _staggered(n, 50, start_one)
-    ready.set()
-    await stop.wait()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await _hold(n, job, ready, stop)
     await client.aclose()
 
 
@@ -192,17 +202,7 @@ async def run_seed(url: str, n: int, interval: float, meter: Meter, ready: async
             if interval > 0:
                 await asyncio.sleep(max(0.0, interval - (time.monotonic() - t0)))
 
-    tasks = []
-
-    async def start_one(i: int) -> None:
-        started = asyncio.Event()
-        tasks.append(asyncio.create_task(job(i, started)))
-        await started.wait()
-
-    await _staggered(n, 50, start_one)
-    ready.set()
-    await stop.wait()
-    await asyncio.gather(*tasks, return_exceptions=True)
+    await _hold(n, job, ready, stop)
     await client.aclose()
 
 

@@ -141,9 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stale", action="store_true", help="only jobs whose worker stopped beating")
     p.add_argument("--json", action="store_true", help="print a JSON array of statuses")
     p.add_argument("--limit", type=_count, default=200, help="at most this many jobs (200)")
-    p.add_argument(
-        "--index-shards", type=_count, default=1, help="index shards the workers use (1)"
-    )
+    _index_shards_option(p)
 
     p = command(
         "sweep",
@@ -156,9 +154,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--period", type=_positive, default=1.0, help="seconds between sweeps (default 1)"
     )
     p.add_argument("--json", action="store_true", help="one JSON object per claimed job")
-    p.add_argument(
-        "--index-shards", type=_count, default=1, help="index shards the workers use (1)"
-    )
+    _index_shards_option(p)
 
     p = command(
         "cancel",
@@ -201,9 +197,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--host", default="127.0.0.1", help="the address to bind (127.0.0.1)")
     p.add_argument("--port", type=int, default=8000, help="the port (8000)")
-    p.add_argument(
-        "--index-shards", type=_count, default=1, help="index shards the workers use (1)"
-    )
+    _index_shards_option(p)
     return parser
 
 
@@ -454,6 +448,12 @@ def cmd_serve(args: argparse.Namespace, url: str) -> int:
 
 
 # -- helpers --------------------------------------------------------------------------------------
+
+
+def _index_shards_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--index-shards", type=_count, default=1, help="index shards the workers use (1)"
+    )
 
 
 @contextlib.asynccontextmanager
