@@ -20,23 +20,13 @@ import redis.asyncio as aioredis
 from jobpulse import heartbeat
 
 from . import peers
-from .common import Probe, UpdateCost, median, private_redis, ratio
+from .common import Probe, UpdateCost, advancer, median, private_redis, ratio
 from .seed import SeedJob
 
 NAME = "beat"
 TITLE = "Cost of one beat / progress update"
 NS = "bench"
 GOALS = {"commands": 1.0, "server_us": 25.0, "bytes": 400.0}
-
-
-async def _advancer(cells: list[Any], period: float, stop: asyncio.Event) -> None:
-    """Move every job's progress between beats, as a running computation would."""
-    while not stop.is_set():
-        for c in cells:
-            c.advance()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(period):
-                await stop.wait()
 
 
 async def jobpulse_window(url: str, probe: Probe, n: int, interval: float, seconds: float):
@@ -56,7 +46,7 @@ async def jobpulse_window(url: str, probe: Probe, n: int, interval: float, secon
             )
             hbs.append(hb)
         stop = asyncio.Event()
-        adv = asyncio.create_task(_advancer([h.progress for h in hbs], interval / 3, stop))
+        adv = asyncio.create_task(advancer([h.progress for h in hbs], interval / 3, stop))
         await asyncio.sleep(interval * 12)  # every job past its first index refresh
         b0 = sum(h.statistics().beats_sent for h in hbs)
         with UpdateCost(probe) as cost:
@@ -88,7 +78,7 @@ async def seed_window(url: str, probe: Probe, n: int, interval: float, seconds: 
                 self.job.progress += 1
 
         stop = asyncio.Event()
-        adv = asyncio.create_task(_advancer([Cell(j) for j in jobs], interval / 3, stop))
+        adv = asyncio.create_task(advancer([Cell(j) for j in jobs], interval / 3, stop))
         await asyncio.sleep(interval * 3)
         b0 = sum(j.beats for j in jobs)
         with UpdateCost(probe) as cost:

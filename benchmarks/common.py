@@ -365,3 +365,16 @@ def standalone_main(run: Callable[[str, bool], Any]) -> None:
         with private_redis() as server:
             result = run(server.url, quick)
     print(json.dumps(result, indent=2, default=str))
+
+
+async def advancer(cells: list[Any], period: float, stop: Any) -> None:
+    """Move every job's progress between beats, as running computations would (one task for
+    all jobs), until the ``asyncio.Event`` ``stop`` is set."""
+    import asyncio
+
+    while not stop.is_set():
+        for c in cells:
+            c.advance()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(period):
+                await stop.wait()

@@ -19,12 +19,12 @@ import json
 import secrets
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import redis.asyncio as aioredis
 
-from .common import Probe
+from .common import Probe, advancer
 
 NS = "load"
 
@@ -42,22 +42,30 @@ class Meter:
         return self.reader() if self.reader is not None else self.updates
 
 
-async def _advancer(cells: list[Any], period: float, stop: asyncio.Event) -> None:
-    """Move every job's progress, as running computations would (one task for all jobs)."""
-    while not stop.is_set():
-        for c in cells:
-            c.advance()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(period):
-                await stop.wait()
-
-
 async def _stop_staggered(tasks: list[asyncio.Task[Any]], release: list[asyncio.Event]) -> None:
     """End the jobs 50 at a time, as a draining worker would."""
     for first in range(0, len(tasks), 50):
         for ev in release[first : first + 50]:
             ev.set()
         await asyncio.gather(*tasks[first : first + 50], return_exceptions=True)
+
+
+async def _paced(
+    beat: Callable[[], Awaitable[bool]], interval: float, meter: Meter, stop: asyncio.Event
+) -> None:
+    """Call ``beat`` every ``interval`` s (0: back to back) until ``stop``, counting updates,
+    errors and a lost lease (``beat`` returned False: the job stops)."""
+    while not stop.is_set():
+        t0 = time.monotonic()
+        try:
+            if not await beat():
+                meter.lost += 1
+                return
+            meter.updates += 1
+        except Exception:
+            meter.errors += 1
+        if interval > 0:
+            await asyncio.sleep(max(0.0, interval - (time.monotonic() - t0)))
 
 
 async def _hold(
@@ -120,7 +128,7 @@ async def run_jobpulse(url: str, n: int, interval: float, meter: Meter, ready: a
 
     await _staggered(n, 50, start_one)
     meter.reader = lambda: sum(h.statistics().beats_written for h in hbs)
-    adv = asyncio.create_task(_advancer([h.progress for h in hbs], max(iv, 0.5), stop))
+    adv = asyncio.create_task(advancer([h.progress for h in hbs], max(iv, 0.5), stop))
     ready.set()
     await stop.wait()
     await adv
@@ -152,23 +160,18 @@ async def run_naive(url: str, n: int, interval: float, meter: Meter, ready: asyn
             started.set()
         fence, seq = int(reply[1]), int(reply[3])
         done = 0
-        while not stop.is_set():
-            t0 = time.monotonic()
+
+        async def beat() -> bool:
+            nonlocal seq, done
             seq += 1
             done += 1
             kind = "beat" if seq % 10 == 0 else ""
-            try:
-                r = await client.evalsha(SCRIPTS.beat.sha, 5, *keys, token, fence, ttl_ms, seq,
-                                         kind, "", 1000, done, 1000000, "", "0", "", "", "",
-                                         "0.0")  # fmt: skip
-                if int(r[0]) < 0:
-                    meter.lost += 1
-                    return
-                meter.updates += 1
-            except Exception:
-                meter.errors += 1
-            if interval > 0:
-                await asyncio.sleep(max(0.0, interval - (time.monotonic() - t0)))
+            r = await client.evalsha(SCRIPTS.beat.sha, 5, *keys, token, fence, ttl_ms, seq,
+                                     kind, "", 1000, done, 1000000, "", "0", "", "", "",
+                                     "0.0")  # fmt: skip
+            return int(r[0]) >= 0
+
+        await _paced(beat, interval, meter, stop)
 
     await _hold(n, job, ready, stop)
     await client.aclose()
@@ -189,18 +192,12 @@ async def run_seed(url: str, n: int, interval: float, meter: Meter, ready: async
         finally:
             started.set()
         assert ok
-        while not stop.is_set():
-            t0 = time.monotonic()
+
+        async def beat() -> bool:
             seed.progress += 1
-            try:
-                if not await seed.beat():
-                    meter.lost += 1
-                    return
-                meter.updates += 1
-            except Exception:
-                meter.errors += 1
-            if interval > 0:
-                await asyncio.sleep(max(0.0, interval - (time.monotonic() - t0)))
+            return bool(await seed.beat())
+
+        await _paced(beat, interval, meter, stop)
 
     await _hold(n, job, ready, stop)
     await client.aclose()
