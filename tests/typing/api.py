@@ -34,3 +34,12 @@ async def cancel(client: aioredis.Redis) -> bool:
         return await request_cancel(client, "report-1", namespace="jobpulse")
     except jobpulse.InvalidJobId:
         return False
+
+
+def stage_of_current_job() -> str | None:
+    hb: JobHeartbeat | None = jobpulse.current()
+    if hb is None:
+        return None
+    hb.set_stage("load")
+    kind: str = hb.kind
+    return kind

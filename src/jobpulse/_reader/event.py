@@ -29,6 +29,7 @@ class Event:
         fence: the attempt's fence.
         ts: when the entry was written, in seconds since the epoch (Redis server clock).
         details: the entry's JSON details (checkpoint details, a cancel reason), else None.
+        job_kind: the job's kind, on ``start`` entries of a job that has one.
         synthetic: True for the ``stale`` event a reader makes up when the worker's liveness
             key is gone and no sweeper has claimed the job yet; its ``id`` is the last real
             entry's id, so resuming from it loses nothing.
@@ -44,6 +45,7 @@ class Event:
     fence: int | None = None
     ts: float | None = None
     details: Any = None
+    job_kind: str | None = None
     synthetic: bool = False
 
     @property
@@ -92,4 +94,5 @@ def decode_event(entry_id: str | bytes, raw: Any) -> Event:
         fence=_int(eid, fields, "fence"),
         ts=None if ts_ms is None else ts_ms / 1000.0,
         details=details,
+        job_kind=fields.get("job_kind"),
     )

@@ -25,6 +25,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable
+from contextvars import Token
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -34,7 +35,8 @@ from .._protocol.errors import is_redis_fault
 from .._protocol.keys import KeySchema, check_job_id
 from .._protocol.scripts import SCRIPTS, evalsha
 from ..errors import JobBusy, JobCancelled, LeaseLost, LeaseLostCause, StateNotWritten
-from .config import MAX_ERROR_CHARS, HeartbeatConfig, check_stage
+from .config import MAX_ERROR_CHARS, HeartbeatConfig, check_kind, check_stage
+from .current import enter_current, leave_current
 from .lease import BeatOutcome, Lease, classify_beat
 from .progress import ProgressCell
 from .ratelimit import RateLimitedLog
@@ -68,6 +70,7 @@ class JobHeartbeat:
         attempt: 1 for a first run, n + 1 for a run that took over a STALE or LOST job.
         resume_from: the last checkpoint details of the previous attempt when it went STALE or
             LOST, else None.
+        kind: the job's kind (``""`` for none), as given to :func:`heartbeat`.
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class JobHeartbeat:
         ttl: float = 6.0,
         namespace: str = "jobpulse",
         meta: Any = None,
+        kind: str = "",
         worker: str | None = None,
         stream_every: int = 10,
         maxlen: int = 1000,
@@ -111,6 +115,7 @@ class JobHeartbeat:
             raise ValueError(f"total must be >= 0, got {total}")
         self._total = total
         self._meta = "" if meta is None else dump_json(meta, limit=max_meta_bytes, name="meta")
+        self.kind = check_kind(kind)
         self._worker = worker if worker is not None else f"{socket.gethostname()}:{os.getpid()}"
         if not isinstance(self._worker, str) or not 1 <= len(self._worker) <= 200:
             raise ValueError("worker must be a str of 1 to 200 characters")
@@ -148,6 +153,7 @@ class JobHeartbeat:
         self._our_cancels = 0
         self._cancel_requested = False
         self._crash: BaseException | None = None
+        self._current: Token[JobHeartbeat | None] | None = None
 
     # -- public API --------------------------------------------------------------------------
 
@@ -213,11 +219,12 @@ class JobHeartbeat:
             raise
         ticker.add(self)
         self._in_body = True
+        self._current = enter_current(self)
         return self
 
     async def _acquire(self) -> None:
         args = [self._token, self._cfg.ttl_ms, self._cfg.maxlen, self._worker]
-        args += [fmt_int(self._total), self._meta, ""]
+        args += [fmt_int(self._total), self._meta, "", self.kind]
         sent_at = self._clock()
         async with asyncio.timeout(self._cfg.ttl):
             reply = await evalsha(self._redis, SCRIPTS.acquire, self._keys, args)
@@ -251,6 +258,8 @@ class JobHeartbeat:
     ) -> None:
         self._in_body = False
         self._ended = True
+        leave_current(self._current)
+        self._current = None
         self._disarm_expiry()
         if self._ticker is not None:
             self._ticker.remove(self)
@@ -451,7 +460,7 @@ class JobHeartbeat:
 
     def _static_pairs(self) -> list[Any]:
         pairs: list[Any] = ["attempt", self.attempt, "worker", self._worker]
-        pairs += ["started_ms", self._started_ms, "meta", self._meta]
+        pairs += ["started_ms", self._started_ms, "meta", self._meta, "kind", self.kind]
         if self._last_checkpoint:
             pairs += ["checkpoint", self._last_checkpoint]
         return pairs
@@ -561,9 +570,10 @@ def heartbeat(redis: Any, job_id: str, **options: Any) -> JobHeartbeat:
         redis: a ``redis.asyncio.Redis`` or ``RedisCluster``.
         job_id: 1 to 200 characters of ``A-Z a-z 0-9 . _ - : /``.
         **options: ``total``, ``interval`` (1.0), ``ttl`` (6.0), ``namespace`` ("jobpulse"),
-            ``meta``, ``worker``, ``stream_every`` (10), ``maxlen`` (1000), ``retention``
-            (3600.0), ``max_meta_bytes`` and ``max_details_bytes`` (65536), ``final_timeout``
-            (30.0), ``index_every`` (10), ``index_shards`` (1) — see :class:`JobHeartbeat`.
+            ``meta``, ``kind`` (""), ``worker``, ``stream_every`` (10), ``maxlen`` (1000),
+            ``retention`` (3600.0), ``max_meta_bytes`` and ``max_details_bytes`` (65536),
+            ``final_timeout`` (30.0), ``index_every`` (10), ``index_shards`` (1) — see
+            :class:`JobHeartbeat`.
 
     Raises:
         InvalidJobId: the job id or namespace is invalid (before any Redis command).

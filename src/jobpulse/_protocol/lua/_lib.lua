@@ -55,14 +55,18 @@ local function dynamic_pairs(args, first, old_done, now)
   return args
 end
 
--- XADD one checkpoint entry read back from the snapshot.
-local function add_event(maxlen, kind, details, now)
+-- XADD one checkpoint entry read back from the snapshot (job_kind: the job's kind, on start).
+local function add_event(maxlen, kind, details, now, job_kind)
   local h = redis.call('HMGET', KEYS[1], 'status', 'stage', 'done', 'total', 'seq', 'fence')
   local entry = {'kind', kind, 'status', h[1] or '', 'stage', h[2] or '', 'done', h[3] or '',
                  'total', h[4] or '', 'seq', h[5] or '', 'fence', h[6] or '', 'ts_ms', now}
   if details and details ~= '' then
     entry[#entry + 1] = 'details'
     entry[#entry + 1] = details
+  end
+  if job_kind and job_kind ~= '' then
+    entry[#entry + 1] = 'job_kind'
+    entry[#entry + 1] = job_kind
   end
   return redis.call('XADD', KEYS[2], 'MAXLEN', '~', maxlen, '*', unpack(entry))
 end

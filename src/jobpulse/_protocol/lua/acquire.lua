@@ -4,7 +4,7 @@
   KEYS[1..5] state, events, lease, alive, fence (see _lib.lua)
   ARGV[1] owner token       ARGV[2] ttl ms          ARGV[3] stream MAXLEN
   ARGV[4] worker name       ARGV[5] total or ''     ARGV[6] meta JSON or ''
-  ARGV[7] start details JSON or ''
+  ARGV[7] start details JSON or ''   ARGV[8] job kind or ''
 
   Looks at the lease BEFORE bumping the fence, so a refused attempt never fences out the owner.
   A previous attempt that is RUNNING with no liveness (stale) or LOST is resumed: attempt + 1,
@@ -38,10 +38,11 @@ redis.call('DEL', KEYS[1])
 redis.call('HSET', KEYS[1], 'status', 'RUNNING', 'stage', '', 'done', 0, 'total', ARGV[5],
   'rate', '', 'eta_s', '', 'rss_bytes', '', 'cpu_s', '', 'loop_lag_ms', '', 'seq', seq,
   'fence', fence, 'attempt', attempt, 'worker', ARGV[4], 'started_ms', now,
-  'heartbeat_ms', now, 'progress_ms', now, 'finished_ms', '', 'error', '', 'meta', ARGV[6])
+  'heartbeat_ms', now, 'progress_ms', now, 'finished_ms', '', 'error', '', 'meta', ARGV[6],
+  'kind', ARGV[8])
 if resume ~= '' then redis.call('HSET', KEYS[1], 'checkpoint', resume) end
 redis.call('SET', KEYS[3], ARGV[1], 'PX', ttl)
 redis.call('SET', KEYS[4], fence, 'PX', ttl)
 redis.call('PERSIST', KEYS[2])
-add_event(ARGV[3], 'start', ARGV[7], now)
+add_event(ARGV[3], 'start', ARGV[7], now, ARGV[8])
 return {1, fence, attempt, seq, resume, now}
