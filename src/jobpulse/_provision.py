@@ -25,6 +25,7 @@ from pathlib import Path
 __all__ = [
     "SERVER_ENV",
     "LocalCluster",
+    "LocalSentinel",
     "RedisServer",
     "free_port",
     "provision_redis",
@@ -262,6 +263,126 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class LocalSentinel:
+    """A master, ``replicas`` replicas and ``sentinels`` Sentinel processes on loopback.
+
+    Built from ``redis-server`` (or ``valkey-server``: ``server`` as for :class:`RedisServer`)
+    processes: the replicas start with ``--replicaof`` the master, each sentinel from a config
+    file of its own (``redis-server sentinel.conf --sentinel``) monitoring the master as
+    ``name`` with a quorum of 2. ``down_after`` (ms) is short so a failover test is quick. No
+    persistence. Clients: ``redis.asyncio.sentinel.Sentinel(self.sentinel_addresses)``.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str = "jobpulse",
+        replicas: int = 1,
+        sentinels: int = 3,
+        down_after: int = 1000,
+        failover_timeout: int = 10_000,
+        server: str | None = None,
+    ) -> None:
+        self.name = name
+        self.exe = server_binary(server)
+        self.master = RedisServer(server=server)
+        self.replicas = [
+            RedisServer(server=server, args=["--replicaof", "127.0.0.1", str(self.master.port)])
+            for _ in range(replicas)
+        ]
+        self.sentinel_ports = [free_port() for _ in range(sentinels)]
+        self.down_after, self.failover_timeout = down_after, failover_timeout
+        self.dir = tempfile.mkdtemp(prefix="jobpulse-sentinel-")
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def sentinel_addresses(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", p) for p in self.sentinel_ports]
+
+    @property
+    def servers(self) -> list[RedisServer]:
+        return [self.master, *self.replicas]
+
+    def start(self, timeout: float = 30.0) -> LocalSentinel:
+        deadline = time.monotonic() + timeout
+        for server in self.servers:
+            server.start()
+        while not all(_info_has(r.port, "master_link_status:up") for r in self.replicas):
+            _wait(deadline, "the replicas did not sync with the master")
+        for port in self.sentinel_ports:
+            conf = Path(self.dir, f"sentinel-{port}.conf")
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {self.dir}\n"
+                f"sentinel monitor {self.name} 127.0.0.1 {self.master.port} 2\n"
+                f"sentinel down-after-milliseconds {self.name} {self.down_after}\n"
+                f"sentinel failover-timeout {self.name} {self.failover_timeout}\n"
+                f"sentinel parallel-syncs {self.name} 1\n"
+            )
+            log = Path(self.dir, f"sentinel-{port}.log").open("ab")  # noqa: SIM115
+            self.procs.append(
+                subprocess.Popen([self.exe, str(conf), "--sentinel"], stdout=log, stderr=log)
+            )
+            log.close()
+        # ready: every sentinel knows every replica and every other sentinel
+        want = f"slaves={len(self.replicas)},sentinels={len(self.sentinel_ports)}"
+        while not all(_info_has(p, want) for p in self.sentinel_ports):
+            if any(proc.poll() is not None for proc in self.procs):
+                raise RuntimeError(f"a sentinel exited; see {self.dir}")
+            _wait(deadline, "the sentinels did not discover each other and the replicas")
+        return self
+
+    def logs(self, tail: int = 40) -> str:
+        """The last ``tail`` lines of every sentinel's log (to explain a failover that failed)."""
+        out = []
+        for port in self.sentinel_ports:
+            path = Path(self.dir, f"sentinel-{port}.log")
+            lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+            out.append(f"== sentinel {port}\n" + "\n".join(lines[-tail:]))
+        return "\n".join(out)
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        self.procs.clear()
+        for server in self.servers:
+            server.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalSentinel:
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _info_has(port: int, needle: str) -> bool:
+    """True when ``INFO`` of the server (or sentinel) at ``port`` contains ``needle``."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0) as s:
+            s.sendall(b"INFO\r\n")
+            data = b""
+            while not data.endswith(b"\r\n\r\n") and len(data) < 1 << 20:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            return needle.encode() in data
+    except OSError:
+        return False
+
+
+def _wait(deadline: float, what: str) -> None:
+    if time.monotonic() > deadline:
+        raise RuntimeError(what)
+    time.sleep(0.05)
 
 
 def _docker_answers() -> bool:

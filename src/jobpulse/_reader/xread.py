@@ -190,6 +190,11 @@ class XReadLoop:
                         raise
                     self._client_id = None
                     log.warning("jobpulse watch: XREAD failed, retrying: %r", exc)
+                    # A fresh connection from the pool: a Sentinel pool resolves the master
+                    # again only for those (redis-py reconnects a held one to its old address,
+                    # redis/redis-py#3874), so a held one would follow a dead master forever.
+                    await asyncio.shield(conn.aclose())
+                    conn = self._node.client()
                     if self.cluster:  # the node may be gone (failover): re-resolve
                         await self._hub.reroute(self)
                     backoff = backoff or Backoff(0.05, 2.0, 2.0, 0.1)
