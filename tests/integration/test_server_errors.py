@@ -133,7 +133,7 @@ async def test_noperm(server: RedisServer, r: aioredis.Redis) -> None:
         await limited.aclose()
         await r.acl_deluser("limited")
     assert error_code(exc) == "NOPERM"
-    assert refuses_blocking(exc)  # an ACL without @blocking refuses XREAD BLOCK this way
+    assert not refuses_blocking(exc)  # an ACL refusing XREAD refuses it without BLOCK too
     assert not is_transient(exc)
 
 

@@ -146,13 +146,13 @@ def is_transient(exc: BaseException) -> bool:
 
 def refuses_blocking(exc: BaseException) -> bool:
     """True when an error reply to a blocking read (``XREAD … BLOCK``) says the server does not
-    serve blocking reads (Upstash and other proxies answer an ``ERR``; an ACL without
-    ``@blocking``, NOPERM): read without BLOCK and poll instead.
+    serve blocking reads (Upstash and proxies answer an ``ERR``): read without BLOCK and poll.
 
-    Not WRONGTYPE (a foreign key: the caller ends that key's watchers), and not a transient
-    reply (READONLY, LOADING, MOVED…: retried as before).
+    Not WRONGTYPE (a foreign key: the caller ends that key's watchers), not NOPERM (an ACL that
+    refuses XREAD refuses it with or without BLOCK), and not a transient reply (READONLY,
+    LOADING, MOVED…: retried as before).
     """
-    return error_code(exc) in ("ERR", "NOPERM")
+    return error_code(exc) == "ERR"
 
 
 def is_redis_fault(exc: BaseException) -> bool:

@@ -5,7 +5,7 @@ overflow; see ``routing.py`` for how streams are spread over the loops of a clus
 
 Servers without blocking reads (Upstash serves only non-blocking XREAD): when the server answers
 ``XREAD … BLOCK`` with an error that says it will not serve it (:func:`refuses_blocking`: an
-``ERR`` or ``NOPERM`` reply, never WRONGTYPE or a transient READONLY/LOADING/MOVED…), or the hub
+``ERR`` reply, never WRONGTYPE, NOPERM or a transient READONLY/LOADING/MOVED…), or the hub
 was told so (``blocking=False``), the loop reads without BLOCK and pauses between empty reads on
 a :class:`Backoff` schedule (``poll`` growing to ``poll_cap``), reset by every entry that arrives
 and cut short when a watcher joins. Nothing is lost on the switch: the cursors are unchanged.
@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import AskError, ClusterDownError, MovedError, ResponseError, TryAgainError
 
 from .._protocol.codec import TERMINAL_STATUSES, to_text
-from .._protocol.errors import is_redis_fault, is_wrongtype, refuses_blocking
+from .._protocol.errors import error_code, is_redis_fault, is_wrongtype, refuses_blocking
 from ..errors import ProtocolError
 from .backoff import Backoff
 from .event import Event, decode_event
@@ -239,7 +239,7 @@ class XReadLoop:
             try:
                 self._client_id = int(await conn.client_id())
             except ResponseError as exc:  # CLIENT ID refused: rely on the block timeout
-                if not refuses_blocking(exc):
+                if error_code(exc) not in ("ERR", "NOPERM"):
                     raise
                 self._unblock_allowed = False
         self._sent = frozenset(request)
