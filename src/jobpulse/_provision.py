@@ -27,6 +27,7 @@ __all__ = [
     "LocalCluster",
     "LocalSentinel",
     "RedisServer",
+    "free_cluster_port",
     "free_port",
     "provision_redis",
     "redis_answers",

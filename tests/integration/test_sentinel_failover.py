@@ -11,7 +11,7 @@ from collections.abc import Iterator
 import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.sentinel import MasterNotFoundError, Sentinel
-from redis.exceptions import ConnectionError
+from redis.exceptions import ConnectionError as RedisConnectionError
 
 from jobpulse import (
     Event,
@@ -53,7 +53,7 @@ async def seqs(client: aioredis.Redis, ns: str) -> dict[str, int]:
     schema = KeySchema(ns)
     try:
         raws = [await client.hget(schema.state(job), "seq") for job in EXPECTED]
-    except ConnectionError:
+    except RedisConnectionError:
         return dict.fromkeys(EXPECTED, 0)
     return {job: int(raw or 0) for job, raw in zip(EXPECTED, raws, strict=True)}
 
