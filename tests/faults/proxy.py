@@ -6,7 +6,12 @@ the code under test. Every fault is a setting a test flips while traffic flows:
 * ``latency`` / ``jitter`` (seconds): added before each chunk of replies is forwarded;
 * ``blackhole``: connections stay open, no byte is forwarded either way (buffered until lifted);
 * ``reset()``: every open connection is aborted (RST), new ones are accepted;
-* ``read_rate`` (bytes/s): replies trickle to the client (slow reads).
+* ``read_rate`` (bytes/s): replies trickle to the client (slow reads);
+* ``refuse_blocking_reads``: ``XREAD … BLOCK`` is answered with an error, as by a server that
+  serves only non-blocking reads (Upstash); every other command passes unchanged. The proxy
+  parses the client's commands (RESP arrays) and sends the real server, in the refused command's
+  place, an ``EVAL`` that returns that error, so the reply keeps its place in a pipeline.
+  ``refused`` counts them.
 
 Given several upstream ports, each new connection goes to the next one in turn (a client
 load-balanced over a master and its replicas).
@@ -40,6 +45,8 @@ class FaultProxy:
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
         self.connections = 0
+        self.refuse_blocking_reads = False
+        self.refused = 0
 
     @property
     def url(self) -> str:
@@ -135,7 +142,10 @@ class FaultProxy:
     async def _pipe(
         self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, to_client: bool
     ) -> None:
+        pending = b""  # commands not complete yet (only when rewriting)
         while data := await reader.read(65536):
+            if not to_client and (self.refuse_blocking_reads or pending):
+                data, pending = self._rewrite(pending + data)
             while self._blackhole.is_set():  # hold the bytes until the hole is lifted
                 await asyncio.sleep(0.01)
             delay = self.latency + (random.uniform(0, self.jitter) if self.jitter else 0.0)
@@ -149,3 +159,60 @@ class FaultProxy:
             else:
                 writer.write(data)
                 await writer.drain()
+
+    # -- refusing blocking reads ----------------------------------------------------------
+
+    REFUSAL = b"ERR blocking reads are not supported by this server"
+
+    def _rewrite(self, buf: bytes) -> tuple[bytes, bytes]:
+        """Forwardable bytes of ``buf`` (each XREAD with BLOCK replaced) and the incomplete rest."""
+        out = bytearray()
+        pos = 0
+        while pos < len(buf):
+            parsed = _parse_command(buf, pos)
+            if parsed is None:
+                break
+            args, end = parsed
+            if self.refuse_blocking_reads and _is_blocking_xread(args):
+                self.refused += 1
+                out += _command([b"EVAL", b"return redis.error_reply(ARGV[1])", b"0", self.REFUSAL])
+            else:
+                out += buf[pos:end]
+            pos = end
+        return bytes(out), buf[pos:]
+
+
+def _parse_command(buf: bytes, pos: int) -> tuple[list[bytes], int] | None:
+    """One RESP array of bulk strings at ``pos`` (what clients send): its arguments and end, or
+    None when it is not complete yet."""
+    line_end = buf.find(b"\r\n", pos)
+    if line_end < 0:
+        return None
+    if buf[pos : pos + 1] != b"*":  # an inline command: pass it as one "argument"
+        return [buf[pos:line_end]], line_end + 2
+    count = int(buf[pos + 1 : line_end])
+    pos = line_end + 2
+    args: list[bytes] = []
+    for _ in range(count):
+        line_end = buf.find(b"\r\n", pos)
+        if line_end < 0:
+            return None
+        size = int(buf[pos + 1 : line_end])
+        start = line_end + 2
+        if len(buf) < start + size + 2:
+            return None
+        args.append(buf[start : start + size])
+        pos = start + size + 2
+    return args, pos
+
+
+def _is_blocking_xread(args: list[bytes]) -> bool:
+    if not args or args[0].upper() not in (b"XREAD", b"XREADGROUP"):
+        return False
+    upper = [a.upper() for a in args]
+    streams = upper.index(b"STREAMS") if b"STREAMS" in upper else len(upper)
+    return b"BLOCK" in upper[1:streams]
+
+
+def _command(args: list[bytes]) -> bytes:
+    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)

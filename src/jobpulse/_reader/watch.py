@@ -47,6 +47,7 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import ResponseError
 
 from .._protocol.codec import parse_stream_id, to_text
+from .._protocol.errors import is_wrongtype
 from ..errors import ProtocolError
 from .event import Event, decode_event
 
@@ -250,7 +251,7 @@ class Watch:
                 async with self._hub.slots:
                     page = await self._redis.xrange(self._key, min=start, max=end, count=_PAGE)
             except ResponseError as exc:
-                if "WRONGTYPE" in str(exc):
+                if is_wrongtype(exc):
                     raise ProtocolError(f"{self._key} is not a stream") from None
                 raise
             except UnicodeDecodeError:

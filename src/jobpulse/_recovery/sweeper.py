@@ -1,7 +1,7 @@
 """The sweeper: find stale jobs through the running-jobs index and claim each exactly once.
 
 A sweep reads the server clock, takes from each index shard the entries whose deadline has
-passed (``ZRANGEBYSCORE shard -inf now LIMIT 0 batch``: O(log n + batch), never SCAN or KEYS)
+passed (``ZRANGE shard -inf now BYSCORE LIMIT 0 batch``: O(log n + batch), never SCAN or KEYS)
 and runs ``claim.lua`` on every candidate, all claims of a batch pipelined in one round trip.
 The index only names *candidates*; the claim script decides, atomically, on the job's own keys:
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._protocol.codec import load_json
-from .._protocol.errors import is_noscript, is_redis_fault
+from .._protocol.errors import is_noscript, is_redis_fault, is_wrongtype
 from .._protocol.keys import KeySchema
 from .._protocol.scripts import SCRIPTS
 from .._worker.ratelimit import RateLimitedLog
@@ -261,7 +261,7 @@ class Sweeper:
         return int(seconds) * 1000 + int(micros) // 1000
 
     async def _read(self, shards: list[str], now_ms: int) -> dict[str, list[tuple[str, float]]]:
-        ops = [_zrangebyscore(shard, now_ms, self._cfg.batch) for shard in shards]
+        ops = [_zrange_byscore(shard, now_ms, self._cfg.batch) for shard in shards]
         replies = await self._execute(ops)
         out: dict[str, list[tuple[str, float]]] = {}
         for shard, reply in zip(shards, replies, strict=True):
@@ -292,7 +292,7 @@ class Sweeper:
             if isinstance(reply, Exception):
                 # An error reply for this command only (other claims of the pipeline stand).
                 self._warn.warning("jobpulse sweeper: claim of %r failed: %r", member, reply)
-                if "WRONGTYPE" in str(reply):  # a foreign key: it will not heal by itself
+                if is_wrongtype(reply):  # a foreign key: it will not heal by itself
                     decided.rescore.setdefault(shard, {})[member] = now_ms + ERROR_BACKOFF_MS
                 else:  # OOM, READONLY, ...: try again on the next sweep
                     decided.unresolved.add(shard)
@@ -502,9 +502,10 @@ def _stale_job(job_id: str, reply: list[Any]) -> StaleJob:
     )
 
 
-def _zrangebyscore(shard: str, now_ms: int, batch: int) -> Callable[[Any], object]:
-    return lambda pipe: pipe.zrangebyscore(
-        shard, "-inf", now_ms, start=0, num=batch, withscores=True
+def _zrange_byscore(shard: str, now_ms: int, batch: int) -> Callable[[Any], object]:
+    # ZRANGE … BYSCORE (Redis 6.2+), not ZRANGEBYSCORE: deprecated, and not on every server.
+    return lambda pipe: pipe.zrange(
+        shard, "-inf", now_ms, byscore=True, offset=0, num=batch, withscores=True
     )
 
 
