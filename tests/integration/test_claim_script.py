@@ -5,15 +5,17 @@ from __future__ import annotations
 import asyncio
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
 from jobpulse._protocol.keys import JobKeys, KeySchema
 from jobpulse._protocol.scripts import SCRIPTS, evalsha
 
 MAXLEN, RETENTION_MS = 100, 60_000
+AnyRedis = aioredis.Redis | RedisCluster
 
 
 async def seed_running(
-    redis: aioredis.Redis, keys: JobKeys, *, fence: int = 3, seq: int = 7, **extra: str
+    redis: AnyRedis, keys: JobKeys, *, fence: int = 3, seq: int = 7, **extra: str
 ) -> None:
     """A RUNNING snapshot as a worker leaves it, with its fence counter, and no liveness."""
     await redis.hset(
@@ -35,7 +37,7 @@ async def seed_running(
     await redis.xadd(keys.events, {"kind": "start", "fence": fence})
 
 
-async def claim(redis: aioredis.Redis, keys: JobKeys, error: str = "stale: test") -> list:
+async def claim(redis: AnyRedis, keys: JobKeys, error: str = "stale: test") -> list:
     return await evalsha(redis, SCRIPTS.claim, keys.all(), [MAXLEN, RETENTION_MS, error])
 
 
@@ -67,15 +69,40 @@ async def test_claim_of_a_stale_job_bumps_the_fence_writes_lost_and_returns_the_
         assert 0 < await redis.pttl(key) <= RETENTION_MS
 
 
-async def test_a_second_claim_finds_the_job_not_running(redis: aioredis.Redis, ns: str) -> None:
+async def test_a_second_claim_answers_the_same_claim_until_it_is_acknowledged(
+    client: AnyRedis, ns: str
+) -> None:
     keys = KeySchema(ns).job("twice")
-    await seed_running(redis, keys)
-    assert (await claim(redis, keys))[0] == 1
-    assert await claim(redis, keys) == [0]
-    assert await redis.get(keys.fence) == b"4"
+    await seed_running(client, keys)
+    first = await claim(client, keys)
+    again = await claim(client, keys)  # a redelivery, or a client's replay of the first call
+    assert again[:3] == first[:3] == [1, 4, first[2]]  # same fence, same claim time
+    snapshot = dict(zip(again[3::2], again[4::2], strict=True))
+    assert snapshot[b"status"] == b"RUNNING"
+    assert snapshot[b"attempt"] == b"1"
+    assert snapshot[b"checkpoint"] == b'{"offset":5}'
+    assert b"claim" not in snapshot
+    assert await client.get(keys.fence) == b"4"  # bumped once
+    kinds = [e[1][b"kind"] for e in await client.xrange(keys.events)]
+    assert kinds.count(b"stale") == 1
+    assert await client.hget(keys.state, "claim") == b"4"  # the unacknowledged-claim marker
+
+    assert await evalsha(client, SCRIPTS.ack, keys.all(), [4]) == 1
+    assert await evalsha(client, SCRIPTS.ack, keys.all(), [4]) == 0  # a replayed ack
+    assert await client.hget(keys.state, "claim") is None
+    assert await claim(client, keys) == [0]  # acknowledged: dropped from the index now
+    assert await client.hget(keys.state, "status") == b"LOST"
 
 
-async def test_concurrent_claims_of_one_job_have_exactly_one_winner(
+async def test_an_ack_of_another_claim_changes_nothing(client: AnyRedis, ns: str) -> None:
+    keys = KeySchema(ns).job("other")
+    await seed_running(client, keys)
+    assert (await claim(client, keys))[1] == 4
+    assert await evalsha(client, SCRIPTS.ack, keys.all(), [3]) == 0
+    assert await client.hget(keys.state, "claim") == b"4"
+
+
+async def test_concurrent_claims_of_one_job_make_exactly_one_claim(
     redis_url: str, redis: aioredis.Redis, ns: str
 ) -> None:
     keys = KeySchema(ns).job("contended")
@@ -86,9 +113,10 @@ async def test_concurrent_claims_of_one_job_have_exactly_one_winner(
     finally:
         for c in clients:
             await c.aclose()
-    assert sorted(r[0] for r in replies) == [0] * 39 + [1]
+    assert {(r[0], r[1], r[2]) for r in replies} == {(1, 4, replies[0][2])}  # one claim
     kinds = [e[1][b"kind"] for e in await redis.xrange(keys.events)]
     assert kinds.count(b"stale") == 1
+    assert await redis.get(keys.fence) == b"4"
 
 
 async def test_alive_job_is_not_claimed_and_its_time_left_is_returned(

@@ -1,0 +1,20 @@
+--! include: _lib
+--[[ ack.lua — acknowledge a claim: its StaleJob was handled, stop delivering it.
+
+  KEYS[1..5] state, events, lease, alive, fence (see _lib.lua)
+  ARGV[1] the claim's fence (StaleJob.fence)
+
+  Clears the snapshot's `claim` field (the unacknowledged-claim marker claim.lua wrote) when it
+  still names this claim. The job's index entry is left to the sweeper, whose next meeting
+  with it (claim.lua answers "not running") removes it conditionally (unindex.lua).
+  Replay-safe: a second ack finds no marker.
+
+  Returns 1 acknowledged now; 0 nothing to do (already acknowledged, a new attempt started,
+  or the snapshot expired).
+]]
+local claim = redis.call('HGET', KEYS[1], 'claim')
+if claim and tonumber(claim) == tonumber(ARGV[1]) then
+  redis.call('HDEL', KEYS[1], 'claim')
+  return 1
+end
+return 0
