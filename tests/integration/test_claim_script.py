@@ -37,8 +37,16 @@ async def seed_running(
     await redis.xadd(keys.events, {"kind": "start", "fence": fence})
 
 
-async def claim(redis: AnyRedis, keys: JobKeys, error: str = "stale: test") -> list:
-    return await evalsha(redis, SCRIPTS.claim, keys.all(), [MAXLEN, RETENTION_MS, error])
+async def claim(
+    redis: AnyRedis,
+    keys: JobKeys,
+    error: str = "stale: test",
+    *,
+    token: str = "sweep-1",
+    redeliver_ms: int = 60_000,
+) -> list:
+    args = [MAXLEN, RETENTION_MS, error, redeliver_ms, token]
+    return await evalsha(redis, SCRIPTS.claim, keys.all(), args)
 
 
 async def test_claim_of_a_stale_job_bumps_the_fence_writes_lost_and_returns_the_snapshot(
@@ -69,19 +77,25 @@ async def test_claim_of_a_stale_job_bumps_the_fence_writes_lost_and_returns_the_
         assert 0 < await redis.pttl(key) <= RETENTION_MS
 
 
-async def test_a_second_claim_answers_the_same_claim_until_it_is_acknowledged(
+async def test_a_claim_is_answered_again_to_its_replay_and_after_its_redelivery_time(
     client: AnyRedis, ns: str
 ) -> None:
     keys = KeySchema(ns).job("twice")
     await seed_running(client, keys)
-    first = await claim(client, keys)
-    again = await claim(client, keys)  # a redelivery, or a client's replay of the first call
+    first = await claim(client, keys, redeliver_ms=300)
+    assert (await claim(client, keys, redeliver_ms=300))[:3] == first[:3]  # a replay
+    code, left = await claim(client, keys, token="sweep-2", redeliver_ms=300)
+    assert code == -1  # another sweeper, before the redelivery time: come back later
+    assert 0 < left <= 300
+    await asyncio.sleep(left / 1000 + 0.05)
+    again = await claim(client, keys, token="sweep-2", redeliver_ms=300)
     assert again[:3] == first[:3] == [1, 4, first[2]]  # same fence, same claim time
+    assert (await claim(client, keys, token="sweep-3"))[0] == -1  # due again 300 ms later
     snapshot = dict(zip(again[3::2], again[4::2], strict=True))
     assert snapshot[b"status"] == b"RUNNING"
     assert snapshot[b"attempt"] == b"1"
     assert snapshot[b"checkpoint"] == b'{"offset":5}'
-    assert b"claim" not in snapshot
+    assert not {b"claim", b"claim_due_ms", b"claim_token"} & set(snapshot)
     assert await client.get(keys.fence) == b"4"  # bumped once
     kinds = [e[1][b"kind"] for e in await client.xrange(keys.events)]
     assert kinds.count(b"stale") == 1
@@ -89,8 +103,8 @@ async def test_a_second_claim_answers_the_same_claim_until_it_is_acknowledged(
 
     assert await evalsha(client, SCRIPTS.ack, keys.all(), [4]) == 1
     assert await evalsha(client, SCRIPTS.ack, keys.all(), [4]) == 0  # a replayed ack
-    assert await client.hget(keys.state, "claim") is None
-    assert await claim(client, keys) == [0]  # acknowledged: dropped from the index now
+    assert await client.hmget(keys.state, "claim", "claim_due_ms", "claim_token") == [None] * 3
+    assert await claim(client, keys, token="sweep-2") == [0]  # acknowledged: not running
     assert await client.hget(keys.state, "status") == b"LOST"
 
 
@@ -102,18 +116,22 @@ async def test_an_ack_of_another_claim_changes_nothing(client: AnyRedis, ns: str
     assert await client.hget(keys.state, "claim") == b"4"
 
 
-async def test_concurrent_claims_of_one_job_make_exactly_one_claim(
+async def test_concurrent_claims_of_one_job_have_exactly_one_winner(
     redis_url: str, redis: aioredis.Redis, ns: str
 ) -> None:
     keys = KeySchema(ns).job("contended")
     await seed_running(redis, keys)
     clients = [aioredis.Redis.from_url(redis_url) for _ in range(8)]
     try:
-        replies = await asyncio.gather(*(claim(c, keys) for c in clients for _ in range(5)))
+        replies = await asyncio.gather(
+            *(claim(c, keys, token=f"s{i}") for i, c in enumerate(clients) for _ in range(5))
+        )
     finally:
         for c in clients:
             await c.aclose()
-    assert {(r[0], r[1], r[2]) for r in replies} == {(1, 4, replies[0][2])}  # one claim
+    # The winner's token sees its own claim 5 times (a replay answers it); the others wait.
+    assert sorted(r[0] for r in replies) == [-1] * 35 + [1] * 5
+    assert {r[1] for r in replies if r[0] == 1} == {4}
     kinds = [e[1][b"kind"] for e in await redis.xrange(keys.events)]
     assert kinds.count(b"stale") == 1
     assert await redis.get(keys.fence) == b"4"

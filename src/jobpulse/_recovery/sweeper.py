@@ -8,8 +8,9 @@ The index only names *candidates*; the claim script decides, atomically, on the 
 * claimed (RUNNING, no liveness, no lease): the job is now LOST with a bumped fence and an
   unacknowledged-claim marker, and is returned as a :class:`StaleJob`; its index entry STAYS,
   re-scored to ``redeliver_after`` seconds from now;
-* claimed before and not acknowledged (:meth:`Sweeper.ack`): ``claim.lua`` answers the same
-  claim again (same fence, nothing written) and it is returned again: a claim is made exactly
+* claimed before and not acknowledged (:meth:`Sweeper.ack`) for ``redeliver_after``:
+  ``claim.lua`` answers the same claim again (same fence) and it is returned again (earlier,
+  it answers "come back then", and the entry is re-scored): a claim is made exactly
   once and delivered at least once, by any sweeper process, until acknowledged. A sweep that
   was cancelled or timed out, a crash, or a lost reply loses no claim;
 * not running (ended, unknown, or its snapshot expired): its index entry is removed;
@@ -32,6 +33,7 @@ import logging
 import math
 import os
 import random
+import secrets
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
@@ -136,7 +138,7 @@ class SweeperStatistics:
     Attributes:
         sweeps: completed sweeps.
         claimed: jobs claimed (returned as StaleJob).
-        alive: candidates found alive and re-scored.
+        alive: candidates found alive (or claimed, waiting for redelivery) and re-scored.
         dropped: candidates not running (ended or expired) whose entries were removed.
         errors: sweeps that failed on a Redis fault.
         round_trips: pipelines and single commands sent to Redis.
@@ -247,12 +249,13 @@ class Sweeper:
                 claims stay in the index and a later sweep returns them.
         """
         claimed: list[StaleJob] = []
+        token = f"{self.name}:{secrets.token_hex(6)}"  # this call's: its replays are its own
         try:
             now_ms = await self._server_ms()
             pending = self._schema.indexes()
             while pending:
                 candidates = await self._read(pending, now_ms)
-                decided = await self._claim(candidates, now_ms)
+                decided = await self._claim(candidates, now_ms, token)
                 claimed += decided.claimed
                 await self._cleanup(decided)
                 # Go on with a shard only when its batch was full and every entry of it left
@@ -293,12 +296,16 @@ class Sweeper:
             out[shard] = [(_text(entry[0]), float(entry[1])) for entry in reply]
         return out
 
-    async def _claim(self, candidates: dict[str, list[tuple[str, float]]], now_ms: int) -> _Round:
+    async def _claim(
+        self, candidates: dict[str, list[tuple[str, float]]], now_ms: int, token: str
+    ) -> _Round:
         decided = _Round()
         calls: list[tuple[str, str, float]] = []
         ops: list[Callable[[Any], object]] = []
         error = f"stale: no heartbeat within the lease; claimed by sweeper {self.name}"
-        args = [self._cfg.maxlen, math.ceil(self._cfg.retention * 1000), error]
+        redeliver_ms = math.ceil(self._cfg.redeliver_after * 1000)
+        args = [self._cfg.maxlen, math.ceil(self._cfg.retention * 1000), error, redeliver_ms]
+        args.append(token)
         for shard, entries in candidates.items():
             for member, score in entries:
                 try:
@@ -323,8 +330,7 @@ class Sweeper:
             code = int(reply[0])
             if code == 1:  # a new claim, or one made earlier and never acknowledged
                 decided.claimed.append(_stale_job(member, reply))
-                redeliver = now_ms + math.ceil(self._cfg.redeliver_after * 1000)
-                decided.rescore.setdefault(shard, {})[member] = redeliver
+                decided.rescore.setdefault(shard, {})[member] = now_ms + redeliver_ms
             elif code == 0:
                 self._dropped += 1
                 decided.unindex.setdefault(shard, []).append((member, score))

@@ -238,7 +238,10 @@ class JobHeartbeat:
                     await evalsha(self._redis, SCRIPTS.enroll, (shard,), [self.job_id, horizon_ms])
                 )
                 step = "acquire its lease"
-                reply = await evalsha(self._redis, SCRIPTS.acquire, self._keys, [*args, deadline])
+                # The sweeper may drop the entry from its deadline on (if the job is not
+                # RUNNING by then): start no later, with a margin for skew between nodes.
+                latest = deadline - min(self._cfg.ttl_ms, horizon_ms // 4)
+                reply = await evalsha(self._redis, SCRIPTS.acquire, self._keys, [*args, latest])
         except TimeoutError as exc:
             raise TimeoutError(
                 f"job {self.job_id!r}: Redis did not answer in time (ttl={self._cfg.ttl} s) "

@@ -4,8 +4,8 @@
   KEYS[1..5] state, events, lease, alive, fence (see _lib.lua)
   ARGV[1] the claim's fence (StaleJob.fence)
 
-  Clears the snapshot's `claim` field (the unacknowledged-claim marker claim.lua wrote) when it
-  still names this claim. The job's index entry is left to the sweeper, whose next meeting
+  Clears the unacknowledged-claim marker claim.lua wrote (`claim`, `claim_due_ms`,
+  `claim_token`) when it still names this claim. The job's index entry is left to the sweeper, whose next meeting
   with it (claim.lua answers "not running") removes it conditionally (unindex.lua).
   Replay-safe: a second ack finds no marker.
 
@@ -14,7 +14,7 @@
 ]]
 local claim = redis.call('HGET', KEYS[1], 'claim')
 if claim and tonumber(claim) == tonumber(ARGV[1]) then
-  redis.call('HDEL', KEYS[1], 'claim')
+  redis.call('HDEL', KEYS[1], 'claim', 'claim_due_ms', 'claim_token')
   return 1
 end
 return 0

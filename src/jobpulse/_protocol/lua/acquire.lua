@@ -5,7 +5,8 @@
   ARGV[1] owner token       ARGV[2] ttl ms          ARGV[3] stream MAXLEN
   ARGV[4] worker name       ARGV[5] total or ''     ARGV[6] meta JSON or ''
   ARGV[7] start details JSON or ''
-  ARGV[8] the job's running-index deadline (server ms) that enroll.lua wrote just before, or ''
+  ARGV[8] the latest start (server ms): the running-index deadline enroll.lua wrote just
+          before, less a margin for clock skew between nodes; or '' (no limit)
 
   Looks at the lease BEFORE bumping the fence, so a refused attempt never fences out the owner.
   A previous attempt that is RUNNING with no liveness (stale) or LOST is resumed: attempt + 1,
@@ -15,8 +16,8 @@
   attempts apart. seq continues from the old snapshot; the fence comes from next_fence.
 
   Findable from the start: the worker writes the index entry (enroll.lua) BEFORE this script.
-  A call that arrives so late that the sweeper may already have dropped that entry (later than
-  ARGV[8] - ttl) starts nothing, so a RUNNING job always has an index entry.
+  A call that arrives so late that the sweeper may already have dropped that entry (after
+  ARGV[8]) starts nothing, so a RUNNING job always has an index entry.
 
   Replay-safe: a call that finds its own token's lease (a client retry of a call that already
   ran) answers the attempt it started, unchanged.
@@ -38,7 +39,7 @@ if h[1] == 'RUNNING' and redis.call('EXISTS', KEYS[4]) == 1 then return {0} end
 
 local now = now_ms()
 local ttl = tonumber(ARGV[2])
-if ARGV[8] ~= '' and now > tonumber(ARGV[8]) - ttl then return {-1} end
+if ARGV[8] and ARGV[8] ~= '' and now > tonumber(ARGV[8]) then return {-1} end
 
 local fence = next_fence(h[5])
 redis.call('PERSIST', KEYS[5])
