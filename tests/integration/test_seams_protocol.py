@@ -207,7 +207,7 @@ async def test_an_unacknowledged_claim_is_delivered_again_by_any_sweeper(
         (job.job_id, job.attempt, job.fence, job.claimed_at_ms)
     ]
     assert await two.ack(again[0]) is True
-    assert await one.ack(job) is False  # acknowledged already
+    assert await one.ack(job) is True  # acknowledged already: the same answer
     await asyncio.sleep(0.4)
     assert await one.sweep() == []
     shard = KeySchema(ns).index_for("unacked")
@@ -296,3 +296,24 @@ async def test_a_finishing_worker_spares_the_index_entry_of_a_new_attempt(
     async with heartbeat(client, "race2", namespace=ns, interval=0.1, ttl=1):
         pass
     assert await client.zscore(schema.index_for("race2"), "race2") is None  # ours: removed
+
+
+# -- 8. replay of a beat (the proxy tests are in tests/faults/test_replay.py) ------------------
+
+
+async def test_a_replayed_beat_answers_as_written_and_writes_nothing_again(
+    client: AnyRedis, ns: str
+) -> None:
+    keys = KeySchema(ns).job("beat")
+    ok = await evalsha(client, SCRIPTS.acquire, keys.all(), ["tok", 60_000, 100, "w", "", "", ""])
+    fence, seq = ok[1], ok[3] + 1
+    args = ["tok", fence, 60_000, seq, "checkpoint", '{"a":1}', 100]
+    args += ["5", "", "", "", "", "", "", ""]
+    first = await evalsha(client, SCRIPTS.beat, keys.all(), args)
+    again = await evalsha(client, SCRIPTS.beat, keys.all(), args)
+    assert first[0] == again[0] == 1
+    assert first[3] == again[3] == seq
+    kinds = [e[1][b"kind"] for e in await client.xrange(keys.events)]
+    assert kinds == [b"start", b"checkpoint"]
+    older = await evalsha(client, SCRIPTS.beat, keys.all(), [*args[:3], seq - 1, *args[4:]])
+    assert older[0] == 0  # a seq below the snapshot's is still refused

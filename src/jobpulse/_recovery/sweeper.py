@@ -40,6 +40,8 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.exceptions import ConnectionError
+
 from .._protocol.codec import load_json
 from .._protocol.errors import is_noscript, is_redis_fault
 from .._protocol.keys import KeySchema
@@ -318,6 +320,13 @@ class Sweeper:
                 calls.append((shard, member, score))
                 ops.append(_evalsha(SCRIPTS.claim.sha, keys, args))
         replies = await self._execute(ops)
+        # A claim whose reply was lost (a cut connection; a cluster pipeline does not retry)
+        # is sent once more with the same token: claim.lua answers a replay with its claim.
+        lost = [i for i, reply in enumerate(replies) if isinstance(reply, ConnectionError)]
+        if lost:
+            again = await self._execute([ops[i] for i in lost])
+            for i, reply in zip(lost, again, strict=True):
+                replies[i] = reply
         for (shard, member, score), reply in zip(calls, replies, strict=True):
             if isinstance(reply, Exception):
                 # An error reply for this command only (other claims of the pipeline stand).
@@ -511,8 +520,9 @@ class Sweeper:
             job: a :class:`StaleJob` returned by :meth:`sweep` (of any sweeper).
 
         Returns:
-            True when this call acknowledged the claim; False when there was nothing to
-            acknowledge (already acknowledged, a new attempt started, or the job expired).
+            True when the claim is acknowledged (by this call, or before it: a replay gives
+            the same answer); False when there was nothing to acknowledge (a new attempt
+            started, or the job's snapshot expired).
 
         Raises:
             redis.exceptions.RedisError, OSError, TimeoutError: Redis failed; the claim stays

@@ -9,12 +9,14 @@
   with it (claim.lua answers "not running") removes it conditionally (unindex.lua).
   Replay-safe: a second ack finds no marker.
 
-  Returns 1 acknowledged now; 0 nothing to do (already acknowledged, a new attempt started,
-  or the snapshot expired).
+  Returns 1 acknowledged (now, or before: a replay, the snapshot still holds this claim's
+  fence); 0 nothing to acknowledge (a new attempt started, or the snapshot expired).
 ]]
-local claim = redis.call('HGET', KEYS[1], 'claim')
-if claim and tonumber(claim) == tonumber(ARGV[1]) then
+local h = redis.call('HMGET', KEYS[1], 'claim', 'fence')
+local fence = tonumber(ARGV[1])
+if h[1] and tonumber(h[1]) == fence then
   redis.call('HDEL', KEYS[1], 'claim', 'claim_due_ms', 'claim_token')
   return 1
 end
+if not h[1] and tonumber(h[2]) == fence then return 1 end
 return 0
