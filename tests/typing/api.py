@@ -34,3 +34,13 @@ async def cancel(client: aioredis.Redis) -> bool:
         return await request_cancel(client, "report-1", namespace="jobpulse")
     except jobpulse.InvalidJobId:
         return False
+
+
+async def sweep_and_ack(client: aioredis.Redis) -> list[tuple[str, int]]:
+    sweeper = jobpulse.Sweeper(client, redeliver_after=30.0)
+    handled: list[tuple[str, int]] = []
+    for job in await sweeper.sweep():
+        handled.append((job.job_id, job.attempt))  # idempotency key of a claim
+        acknowledged: bool = await sweeper.ack(job)
+        assert acknowledged
+    return handled
