@@ -10,13 +10,13 @@ import asyncio
 import os
 import sys
 
-import redis.asyncio as aioredis
-
 from jobpulse import heartbeat
+
+from ..support import connect
 
 
 async def main(url: str, ns: str, job_id: str, ttl: float) -> None:
-    client = aioredis.Redis.from_url(url)
+    client = await connect(url)  # a single Redis, or a cluster for a ``cluster:`` URL
     async with heartbeat(client, job_id, namespace=ns, ttl=ttl, interval=ttl / 6) as hb:
         print(f"ready {os.getpid()}", flush=True)
         while True:

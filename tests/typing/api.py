@@ -43,3 +43,13 @@ def stage_of_current_job() -> str | None:
     hb.set_stage("load")
     kind: str = hb.kind
     return kind
+
+
+async def sweep_and_ack(client: aioredis.Redis) -> list[tuple[str, int]]:
+    sweeper = jobpulse.Sweeper(client, redeliver_after=30.0)
+    handled: list[tuple[str, int]] = []
+    for job in await sweeper.sweep():
+        handled.append((job.job_id, job.attempt))  # idempotency key of a claim
+        acknowledged: bool = await sweeper.ack(job)
+        assert acknowledged
+    return handled

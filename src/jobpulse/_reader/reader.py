@@ -461,9 +461,8 @@ class StatusReader:
         if isinstance(start, bytes):
             start = start.decode()
         async with self.watch(job_id, last_event_id=start) as events:
-            async for event in events:
-                if event.terminal:
-                    return
+            async for _event in events:
+                pass  # the watch ends after the terminal entry of the job's last attempt
 
     # -- lifecycle ----------------------------------------------------------------------------
 

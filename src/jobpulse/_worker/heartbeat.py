@@ -154,6 +154,7 @@ class JobHeartbeat:
         self._cancel_requested = False
         self._crash: BaseException | None = None
         self._current: Token[JobHeartbeat | None] | None = None
+        self._index_score = 0  # the latest index deadline this worker wrote (server ms)
 
     # -- public API --------------------------------------------------------------------------
 
@@ -223,32 +224,62 @@ class JobHeartbeat:
         return self
 
     async def _acquire(self) -> None:
+        """Index the job, then take its lease (two steps: on a cluster the index shard and the
+        job's keys live in different slots, so no one script can do both).
+
+        The index entry goes first (``enroll.lua``, an intent record): a job is RUNNING only
+        after its entry exists, and ``acquire.lua`` refuses to start once that entry may have
+        been dropped, so every RUNNING job is findable by the sweeper from the moment it
+        exists. An entry whose acquire never ran is dropped by the sweeper ("not running").
+        Both scripts are safe to replay (redis-py retries after a connection error).
+        """
+        shard = self._schema.index_for(self.job_id)
+        horizon_ms = int(self._cfg.index_horizon * 1000)
         args = [self._token, self._cfg.ttl_ms, self._cfg.maxlen, self._worker]
         args += [fmt_int(self._total), self._meta, "", self.kind]
         sent_at = self._clock()
-        async with asyncio.timeout(self._cfg.ttl):
-            reply = await evalsha(self._redis, SCRIPTS.acquire, self._keys, args)
-        if int(reply[0]) != 1:
+        step = "index the job"
+        try:
+            async with asyncio.timeout(self._cfg.ttl):
+                deadline = int(
+                    await evalsha(self._redis, SCRIPTS.enroll, (shard,), [self.job_id, horizon_ms])
+                )
+                step = "acquire its lease"
+                # The sweeper may drop the entry from its deadline on (if the job is not
+                # RUNNING by then): start no later, with a margin for skew between nodes.
+                latest = deadline - min(self._cfg.ttl_ms, horizon_ms // 4)
+                reply = await evalsha(self._redis, SCRIPTS.acquire, self._keys, [*args, latest])
+        except TimeoutError as exc:
+            raise TimeoutError(
+                f"job {self.job_id!r}: Redis did not answer in time (ttl={self._cfg.ttl} s) "
+                f"while trying to {step}; "
+                + (
+                    "nothing is running"
+                    if step == "index the job"
+                    else "the job was either not started, or started and indexed: if so it "
+                    "goes stale within ttl and a sweeper marks it LOST"
+                )
+            ) from exc
+        code = int(reply[0])
+        if code == 0:
             raise JobBusy(self.job_id)
+        if code != 1:
+            raise TimeoutError(
+                f"job {self.job_id!r}: the acquire reached Redis too late (after its index "
+                f"entry could have been dropped); nothing was started"
+            )
         self.fence, self.attempt, self._seq = int(reply[1]), int(reply[2]), int(reply[3])
         resume = reply[4].decode() if isinstance(reply[4], bytes) else reply[4]
         self.resume_from = load_json(resume)
         self._last_checkpoint = resume or ""
         self._started_ms = int(reply[5])
+        self._index_score = deadline
         self._lease = Lease(self._cfg.ttl, sent_at)
         # What every beat starts with, encoded once (redis-py passes bytes through as they are).
         head = (SCRIPTS.beat.sha, 5, *self._keys, self._token, self.fence, self._cfg.ttl_ms)
         self._beat_head = [str(x).encode() for x in head]
         self._due = sent_at + self._cfg.interval
         self._arm_expiry()
-        # Index the job at once: a worker that dies before its first beat is still found.
-        deadline = int(reply[5]) + int(self._cfg.index_horizon * 1000)
-        try:
-            await self._redis.zadd(self._schema.index_for(self.job_id), {self.job_id: deadline})
-        except Exception as exc:
-            if not is_redis_fault(exc):
-                raise
-            self._warn.warning("job %s: could not index the job yet: %r", self.job_id, exc)
 
     async def __aexit__(
         self,
@@ -364,8 +395,13 @@ class JobHeartbeat:
         """Drop the job from the running-jobs index (best effort: a sweeper drops entries of
         ended jobs it meets, so a failure here costs one wasted claim attempt, never a job)."""
         try:
+            # Conditional (unindex.lua): only while the entry still holds a deadline this
+            # worker wrote; a new attempt's enroll always moves it past those.
+            shard = self._schema.index_for(self.job_id)
             async with asyncio.timeout(self._cfg.ttl), self._slot():
-                await self._redis.zrem(self._schema.index_for(self.job_id), self.job_id)
+                await evalsha(
+                    self._redis, SCRIPTS.unindex, (shard,), [self.job_id, self._index_score]
+                )
         except Exception as exc:
             if not is_redis_fault(exc):
                 raise
@@ -579,8 +615,13 @@ def heartbeat(redis: Any, job_id: str, **options: Any) -> JobHeartbeat:
         InvalidJobId: the job id or namespace is invalid (before any Redis command).
         ValueError, TypeError: an option is out of range (before any Redis command).
         JobBusy: another live worker holds the job.
-        redis.exceptions.RedisError, TimeoutError: Redis did not answer the acquire within
-            ``ttl`` (nothing is running yet; retry later).
+        redis.exceptions.RedisError: Redis refused or failed the acquire; nothing is running
+            (a job that did start is indexed, goes stale within ``ttl`` and is marked LOST by
+            a sweeper).
+        TimeoutError: Redis did not answer within ``ttl``; the message says which step
+            (indexing or the lease) and what may have been left (at most an indexed job that
+            a sweeper marks LOST).
+            A late acquire (after its index entry could be gone) starts nothing and says so.
         LeaseLost: (on exit) the lease was lost; the job was stopped.
         JobCancelled: (on exit) the job was cancelled on request.
     """

@@ -183,7 +183,7 @@ class Ticker:
                     # execute_command: redis-py blocks pipe.evalsha() on RedisCluster pipelines
                     pipe.execute_command("EVALSHA", *args)
                 for key, members in index.items():
-                    pipe.zadd(key, members)
+                    pipe.zadd(key, members, gt=True)  # a deadline never moves back
                 results = await pipe.execute(raise_on_error=False)
             self.pipelines += 1
         except Exception as exc:
@@ -193,9 +193,14 @@ class Ticker:
                 job._beat_failed(sent_at, exc, quiet=True)
             self._warn.warning("beats of %d job(s) failed, retrying: %r", len(jobs), exc)
             return
-        for result in results[len(jobs) :]:
+        for members, result in zip(index.values(), results[len(jobs) :], strict=True):
             if isinstance(result, Exception):  # an index refresh: the next one will retry
                 self._warn.warning("running-index refresh failed: %r", result)
+                continue
+            for job in jobs:  # what the job's conditional unindex may remove at its end
+                score = members.get(job.job_id)
+                if score is not None:
+                    job._index_score = max(job._index_score, score)
         noscript = False
         for job, result in zip(jobs, results, strict=False):
             if isinstance(result, Exception):

@@ -177,9 +177,11 @@ def _failure(exc: Exception) -> Response:
 
 
 def etag_of(status: JobStatus) -> str:
-    """A weak ETag naming the snapshot version: fence, seq, and the state (STALE has the same
-    seq as the RUNNING it was)."""
-    return f'W/"{status.fence or 0}.{status.seq or 0}.{status.state.name}"'
+    """A weak ETag naming the snapshot version: fence, seq, the state (STALE has the same seq
+    as the RUNNING it was) and ``.cancel`` while a cancel request waits (``cancel.lua`` sets a
+    flag without a new seq). Fences grow over a job id's whole life, so no two runs share one."""
+    cancel = ".cancel" if status.cancel_requested else ""
+    return f'W/"{status.fence or 0}.{status.seq or 0}.{status.state.name}{cancel}"'
 
 
 def _matches(if_none_match: str, etag: str) -> bool:
