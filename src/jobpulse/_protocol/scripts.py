@@ -38,6 +38,9 @@ def _load(name: str) -> Script:
     return Script(name, text, hashlib.sha1(text.encode()).hexdigest())
 
 
+_NAMES = ("acquire", "beat", "finish", "cancel", "claim", "unindex", "tally")
+
+
 @dataclass(frozen=True, slots=True)
 class Scripts:
     """Every script jobpulse runs; immutable, shared by all clients."""
@@ -48,10 +51,11 @@ class Scripts:
     cancel: Script
     claim: Script
     unindex: Script
+    tally: Script
 
     @classmethod
     def load(cls) -> Scripts:
-        return cls(*(_load(n) for n in ("acquire", "beat", "finish", "cancel", "claim", "unindex")))
+        return cls(*(_load(n) for n in _NAMES))
 
 
 SCRIPTS = Scripts.load()
