@@ -87,13 +87,15 @@ def test_metrics_and_cancel_go_through_authorize(redis_url: str, ns: str) -> Non
             return False
         return request.method != "POST" or job_id.startswith("mine-")
 
-    with ServerThread(redis_url, ns, authorize=authorize) as srv:
-        with httpx.Client(base_url=srv.base_url) as http:
-            assert http.get("/metrics").status_code == 403
-            assert http.post("/jobs/other-1/cancel?dry_run=1").status_code == 403
-            assert http.post("/jobs/mine-1/cancel?dry_run=1").json() == {"allowed": True}
-            assert http.post("/jobs/bad%20id/cancel").status_code == 400
-            assert http.post("/jobs/mine-1/cancel").status_code == 409  # not running
+    with (
+        ServerThread(redis_url, ns, authorize=authorize) as srv,
+        httpx.Client(base_url=srv.base_url) as http,
+    ):
+        assert http.get("/metrics").status_code == 403
+        assert http.post("/jobs/other-1/cancel?dry_run=1").status_code == 403
+        assert http.post("/jobs/mine-1/cancel?dry_run=1").json() == {"allowed": True}
+        assert http.post("/jobs/bad%20id/cancel").status_code == 400
+        assert http.post("/jobs/mine-1/cancel").status_code == 409  # not running
 
 
 async def test_a_post_cancel_ends_the_job_cancelled(
