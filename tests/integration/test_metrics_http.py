@@ -118,5 +118,3 @@ async def test_a_post_cancel_ends_the_job_cancelled(
         await asyncio.wait_for(task, 10)
     async with StatusReader(redis, namespace=ns, cache_ttl=0) as reader:
         assert (await reader.get("c1")).state is JobState.CANCELLED
-
-
