@@ -72,8 +72,9 @@ def seed(redis_url: str, ns: str, ids: list[str], *, ttl_ms: int) -> dict[str, s
     pipe = client.pipeline(transaction=False)
     for job, reply in zip(ids, replies, strict=True):
         now = int(reply[5])
-        pipe.hset(schema.state(job), mapping={"done": 1 + zlib.crc32(job.encode()) % 999,
-                                              "stage": "work", "heartbeat_ms": now, "seq": 2})  # fmt: skip
+        done = 1 + zlib.crc32(job.encode()) % 999
+        fields = {"done": done, "stage": "work", "heartbeat_ms": now, "seq": 2}
+        pipe.hset(schema.state(job), mapping=fields)
         pipe.zadd(schema.index_for(job), {job: now + ttl_ms})
         pipe.zadd(schema.kind_index(kinds[job]), {job: now})
     pipe.execute()
