@@ -66,7 +66,7 @@ class Census:
         sweep_age: seconds since a sweeper last swept this namespace, or None if never.
         truncated: a cap (``max_kinds``, ``max_stale``) was hit; counts are then lower bounds.
         commands: Redis commands the census sent.
-        round_trips: round trips it took (3).
+        round_trips: round trips it took (3; 2 when there was nothing to examine).
     """
 
     kinds: tuple[KindCensus, ...] = ()

@@ -12,11 +12,14 @@ caller's task, so an OpenTelemetry adapter can add span events to the caller's c
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 __all__ = ["WORKER_STATS", "WorkerStats", "add_observer", "notify", "remove_observer"]
+
+log = logging.getLogger("jobpulse")
 
 Observer = Callable[[str, str, str, Mapping[str, Any]], None]
 """``observer(event, job_id, kind, attributes)``; ``event`` is ``"stage"`` or ``"checkpoint"``."""
@@ -61,6 +64,8 @@ class WorkerStats:
 WORKER_STATS = WorkerStats()
 """The process's one tally (never replaced, so a reference to it stays valid)."""
 
+# Process-wide by design, like WORKER_STATS: span events belong to whatever span is current in
+# the caller's task, whichever client or heartbeat it uses. Empty unless an adapter opted in.
 _observers: list[Observer] = []
 
 
@@ -81,6 +86,4 @@ def notify(event: str, job_id: str, kind: str, attributes: Mapping[str, Any]) ->
         try:
             observer(event, job_id, kind, attributes)
         except Exception:
-            import logging
-
-            logging.getLogger("jobpulse").exception("jobpulse: an observer failed")
+            log.exception("jobpulse: an observer of %s failed", event)
