@@ -104,7 +104,7 @@ async def test_a_post_cancel_ends_the_job_cancelled(
     started = asyncio.Event()
 
     async def body() -> None:
-        async with heartbeat(redis, "c1", namespace=ns, interval=0.1, ttl=1.0):
+        async with heartbeat(redis, "c1", namespace=ns, interval=0.2, ttl=5.0):
             started.set()
             await asyncio.sleep(30)
 
