@@ -146,3 +146,21 @@ async def test_census_says_when_a_cap_was_hit(redis: aioredis.Redis, ns: str) ->
     census = await take_census(redis, namespace=ns, max_kinds=1)
     assert census.truncated is True
     assert len(census.kinds) == 1
+
+
+async def test_kind_index_sweep_and_census_on_a_single_redis_and_a_cluster(
+    client: aioredis.Redis, ns: str
+) -> None:
+    """Every key lives in a slot of its own: the worker's pipeline, the sweeper's cleanup and the
+    census's pipelines are split by slot on a cluster."""
+    opts = {"namespace": ns, "interval": 0.2, "ttl": 3.0}
+    async with heartbeat(client, "c1", kind="report", **opts), heartbeat(client, "c2", **opts):
+        census = await take_census(client, namespace=ns)
+        assert [(k.kind, k.running, k.stale) for k in census.kinds] == [
+            ("", 1, 0),
+            ("report", 1, 0),
+        ]
+        assert await Sweeper(client, namespace=ns).sweep() == []
+    census = await take_census(client, namespace=ns)
+    assert [(k.kind, k.running) for k in census.kinds] == [("", 0), ("report", 0)]
+    assert census.sweep_age is not None

@@ -2,8 +2,9 @@
 
 Three pipelined round trips, whatever the number of jobs:
 
-1. ``TIME``; the kinds (``ZREVRANGE ns:{#kinds}``, at most ``max_kinds``); the sweepers'
-   counters (``HGETALL ns:{#stats}``: one field per kind ever claimed, plus ``sweep_ms``).
+1. ``TIME`` (beside the pipeline, at the same time); the kinds (``ZREVRANGE ns:{#kinds}``, at
+   most ``max_kinds``); the sweepers' counters (``HGETALL ns:{#stats}``: one field per kind
+   ever claimed, plus ``sweep_ms``).
 2. Per index shard: ``ZCARD`` and the stale candidates (``ZRANGEBYSCORE -inf now``, at most
    ``max_stale``). Per kind: ``ZCARD`` (running + stale), the oldest entry, and a random sample
    of ``age_sample`` members (``ZRANDMEMBER``).
@@ -19,6 +20,7 @@ and until a sweeper claims it. When a cap was hit, :attr:`Census.truncated` says
 
 from __future__ import annotations
 
+import asyncio
 import statistics
 from dataclasses import dataclass
 from typing import Any
@@ -122,10 +124,10 @@ async def take_census(
     shards = schema.indexes()
 
     async with redis.pipeline(transaction=False) as pipe:
-        pipe.time()
         pipe.zrevrange(schema.kinds(), 0, max_kinds)
         pipe.hgetall(schema.stats())
-        (secs, micros), raw_kinds, raw_stats = await pipe.execute()
+        # TIME beside the pipeline, at the same time (a cluster pipeline refuses keyless TIME)
+        (secs, micros), (raw_kinds, raw_stats) = await asyncio.gather(redis.time(), pipe.execute())
     now_ms = int(secs) * 1000 + int(micros) // 1000
     kinds = [to_text(k) or "" for k in raw_kinds]
     truncated = len(kinds) > max_kinds
