@@ -305,7 +305,9 @@ async def test_a_replayed_beat_answers_as_written_and_writes_nothing_again(
     client: AnyRedis, ns: str
 ) -> None:
     keys = KeySchema(ns).job("beat")
-    ok = await evalsha(client, SCRIPTS.acquire, keys.all(), ["tok", 60_000, 100, "w", "", "", "", ""])
+    ok = await evalsha(
+        client, SCRIPTS.acquire, keys.all(), ["tok", 60_000, 100, "w", "", "", "", ""]
+    )
     fence, seq = ok[1], ok[3] + 1
     args = ["tok", fence, 60_000, seq, "checkpoint", '{"a":1}', 100]
     args += ["5", "", "", "", "", "", "", ""]

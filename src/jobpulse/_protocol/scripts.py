@@ -50,13 +50,14 @@ class Scripts:
     unindex: Script
     enroll: Script
     ack: Script
+    tally: Script
 
     @classmethod
     def load(cls) -> Scripts:
         return cls(*(_load(n) for n in _NAMES))
 
 
-_NAMES = ("acquire", "beat", "finish", "cancel", "claim", "unindex", "enroll", "ack")
+_NAMES = ("acquire", "beat", "finish", "cancel", "claim", "unindex", "enroll", "ack", "tally")
 
 SCRIPTS = Scripts.load()
 

@@ -48,6 +48,7 @@ from .._protocol.keys import KeySchema
 from .._protocol.scripts import SCRIPTS, evalsha
 from .._worker.ratelimit import RateLimitedLog
 from ..errors import InvalidJobId
+from .tally import MAX_KINDS, forget_ops
 
 __all__ = ["OnStale", "StaleJob", "Sweeper", "SweeperConfig", "SweeperStatistics"]
 
@@ -259,6 +260,7 @@ class Sweeper:
                 candidates = await self._read(pending, now_ms)
                 decided = await self._claim(candidates, now_ms, token)
                 claimed += decided.claimed
+                await self._forget(decided, now_ms)
                 await self._cleanup(decided)
                 # Go on with a shard only when its batch was full and every entry of it left
                 # the range read (removed or re-scored); else a next read would see the same.
@@ -285,8 +287,9 @@ class Sweeper:
     async def _server_ms(self) -> int:
         self._round_trips += 1
         self._commands += 1
-        seconds, micros = await self._redis.time()
-        return int(seconds) * 1000 + int(micros) // 1000
+        # tally.lua: the server's clock, and the mark "a sweeper ran now" (sweep_ms)
+        keys = (self._schema.stats(), self._schema.claims_seen())
+        return int(await evalsha(self._redis, SCRIPTS.tally, keys, []))
 
     async def _read(self, shards: list[str], now_ms: int) -> dict[str, list[tuple[str, float]]]:
         ops = [_zrange_byscore(shard, now_ms, self._cfg.batch) for shard in shards]
@@ -349,6 +352,22 @@ class Sweeper:
                 decided.rescore.setdefault(shard, {})[member] = now_ms + max(left, 1)
         return decided
 
+    async def _forget(self, decided: _Round, now_ms: int) -> None:
+        """Drop claimed and ended jobs from the kind indexes and count the claims (see
+        ``tally.py``); on any failure keep every running entry, so a later sweep retries."""
+        claimed = {job.job_id for job in decided.claimed}
+        ended = [m for v in decided.unindex.values() for m, _ in v if m not in claimed]
+        kinds: list[str] = []
+        if ended:
+            self._round_trips += 1
+            self._commands += 1
+            kinds = [_text(k) for k in await self._redis.zrange(self._schema.kinds(), 0, MAX_KINDS)]
+        ops = forget_ops(self._schema, decided.claimed, ended, kinds, now_ms)
+        if any(isinstance(reply, Exception) for reply in await self._execute(ops)):
+            self._warn.warning("jobpulse sweeper: kind index cleanup failed; retried next sweep")
+            decided.unresolved.update(decided.unindex)
+            decided.unindex.clear()
+
     async def _cleanup(self, decided: _Round) -> None:
         ops: list[Callable[[Any], object]] = []
         shards: list[str] = []
@@ -373,7 +392,7 @@ class Sweeper:
         replies = await self._pipeline(ops)
         redo = [i for i, reply in enumerate(replies) if is_noscript(reply)]
         if redo:
-            for script in (SCRIPTS.claim, SCRIPTS.unindex):
+            for script in (SCRIPTS.claim, SCRIPTS.unindex, SCRIPTS.tally):
                 self._round_trips += 1
                 self._commands += 1
                 await self._redis.script_load(script.text)

@@ -41,6 +41,7 @@ from .lease import BeatOutcome, Lease, classify_beat
 from .progress import ProgressCell
 from .ratelimit import RateLimitedLog
 from .sampling import ProcessSample, RateWindow
+from .stats import WORKER_STATS, notify
 from .ticker import Ticker
 
 __all__ = ["HeartbeatStatistics", "JobHeartbeat", "heartbeat"]
@@ -172,6 +173,7 @@ class JobHeartbeat:
         if name != self._stage:
             self._stage = name
             self._stage_changed = True
+            notify("stage", self.job_id, self.kind, {"stage": name})
 
     async def checkpoint(self, **details: Any) -> None:
         """Force a beat now that records ``details`` (JSON) as a ``checkpoint`` stream entry.
@@ -188,6 +190,7 @@ class JobHeartbeat:
         self._raise_if_lost()
         if not self._in_body:
             raise RuntimeError("checkpoint() is only allowed inside `async with heartbeat(...)`")
+        notify("checkpoint", self.job_id, self.kind, details)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._checkpoints.append((text, future))
         self._plan(self._clock())
@@ -280,6 +283,17 @@ class JobHeartbeat:
         self._beat_head = [str(x).encode() for x in head]
         self._due = sent_at + self._cfg.interval
         self._arm_expiry()
+        # The per-kind index (docs/protocol.md), scored by this attempt's start: best effort,
+        # like the metrics it serves (the running-jobs index above is what recovery needs).
+        try:
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.zadd(self._schema.kind_index(self.kind), {self.job_id: self._started_ms})
+                pipe.zadd(self._schema.kinds(), {self.kind: self._index_score})
+                await pipe.execute()
+        except Exception as exc:
+            if not is_redis_fault(exc):
+                raise
+            self._warn.warning("job %s: could not index its kind yet: %r", self.job_id, exc)
 
     async def __aexit__(
         self,
@@ -380,6 +394,7 @@ class JobHeartbeat:
                     raise
                 if self._clock() + delay >= deadline:
                     log.error("job %s: final state %s not written: %r", self.job_id, status, exc)
+                    WORKER_STATS.final_writes_failed += 1
                     return False
                 self._warn.warning("job %s: final write failed, retrying: %r", self.job_id, exc)
                 await asyncio.sleep(delay)
@@ -399,6 +414,11 @@ class JobHeartbeat:
             # worker wrote; a new attempt's enroll always moves it past those.
             shard = self._schema.index_for(self.job_id)
             async with asyncio.timeout(self._cfg.ttl), self._slot():
+                # The kind entry first: a failure keeps the running entry, and the sweeper that
+                # drops it drops the kind entry too. Only this attempt's entry (by started_ms).
+                by_kind = (self._schema.kind_index(self.kind),)
+                mine = [self.job_id, self._started_ms]
+                await evalsha(self._redis, SCRIPTS.unindex, by_kind, mine)
                 await evalsha(
                     self._redis, SCRIPTS.unindex, (shard,), [self.job_id, self._index_score]
                 )
@@ -517,6 +537,7 @@ class JobHeartbeat:
         due = self._due + self._cfg.interval
         if due <= sent_at:  # late (a starved loop, a slow reply): no burst to catch up
             due = sent_at + self._cfg.interval
+            WORKER_STATS.beats_late += 1
         if outcome is BeatOutcome.SEQ_BEHIND:
             self._seq = max(self._seq, snapshot_seq)
             self._requeue(inflight)
@@ -544,6 +565,7 @@ class JobHeartbeat:
         if self._ended:
             return
         self._failed += 1
+        WORKER_STATS.beat_failures += 1
         self._requeue(inflight)
         self._plan(sent_at if at_once else sent_at + min(self._cfg.interval, 0.25))
         if not quiet:
@@ -571,6 +593,7 @@ class JobHeartbeat:
             self._on_lost()
 
     def _on_lost(self) -> None:
+        WORKER_STATS.lost((self._lease.lost or LeaseLostCause.EXPIRED).name.lower())
         log.warning("job %s: lease lost (%s); stopping the job", self.job_id, self._lease)
         error = LeaseLost(self.job_id, self._lease.lost or LeaseLostCause.EXPIRED)
         while self._checkpoints:

@@ -29,6 +29,7 @@ from .._protocol.errors import is_noscript, is_redis_fault
 from .._protocol.scripts import SCRIPTS
 from .ratelimit import RateLimitedLog
 from .sampling import ProcessSample, ProcessSampler
+from .stats import WORKER_STATS
 
 if TYPE_CHECKING:
     from .heartbeat import JobHeartbeat
@@ -115,6 +116,8 @@ class Ticker:
                 while self._jobs:
                     now = self._clock()
                     lag = 0.0 if intended is None else max(0.0, now - intended)
+                    if intended is not None:
+                        WORKER_STATS.lagged(lag)
                     due = self._take_due(now)
                     if due:
                         await self._dispatch(due, now, lag, sends)
@@ -186,6 +189,7 @@ class Ticker:
                     pipe.zadd(key, members, gt=True)  # a deadline never moves back
                 results = await pipe.execute(raise_on_error=False)
             self.pipelines += 1
+            WORKER_STATS.beats += len(jobs)
         except Exception as exc:
             if not is_redis_fault(exc):
                 raise
@@ -228,4 +232,7 @@ class Ticker:
                 continue
             deadline = (self._clock() + self._server_delta + job._cfg.index_horizon) * 1000
             out.setdefault(job._schema.index_for(job.job_id), {})[job.job_id] = int(deadline)
+            # the per-kind index and the kinds (docs/protocol.md) ride on the same refresh
+            out.setdefault(job._schema.kind_index(job.kind), {})[job.job_id] = job._started_ms
+            out.setdefault(job._schema.kinds(), {})[job.kind] = int(deadline)
         return out

@@ -39,6 +39,7 @@ from .._reader.event import Event
 from .._reader.reader import StatusReader
 from .._reader.status import JobState, JobStatus
 from ..errors import InvalidJobId, ProtocolError
+from . import operate
 from .sse import EventStream, encode_event
 
 __all__ = ["Authorize", "HttpConfig", "create_app"]
@@ -100,14 +101,16 @@ def create_app(
     """An ASGI app serving job status, job events and a dashboard from ``reader``.
 
     Routes: ``GET /`` (the dashboard), ``GET /jobs`` (running and stale jobs),
-    ``GET /jobs/{job_id}`` (JSON status, ``ETag``, 304), ``GET /jobs/{job_id}/events`` (SSE).
+    ``GET /jobs/{job_id}`` (JSON status, ``ETag``, 304), ``GET /jobs/{job_id}/events`` (SSE),
+    ``GET /metrics`` (Prometheus, the ``prometheus`` extra), ``POST /jobs/{job_id}/cancel``.
     Mount it anywhere (``app.mount("/jobpulse", create_app(reader))``); the dashboard uses
     relative URLs. The reader stays the caller's: the app never closes it.
 
     Args:
         reader: the :class:`~jobpulse.StatusReader` every request goes through.
         authorize: ``authorize(request, job_id) -> bool`` (sync or async), asked for each job
-            a request would show; False answers 403 (and leaves the job out of ``GET /jobs``).
+            a request would show or cancel, and with ``""`` for ``GET /metrics``; False answers
+            403 (and leaves the job out of ``GET /jobs``).
         keepalive: seconds between ``: keep-alive`` comments on an idle event stream.
         retry: reconnection delay suggested to EventSource clients (``retry:``), in seconds.
         index_shards: the ``index_shards`` the workers use (for ``GET /jobs``).
@@ -133,6 +136,8 @@ def create_app(
             Route("/dashboard.css", service.static, methods=["GET"]),
             Route("/jobs", service.list_jobs, methods=["GET"]),
             Route("/jobs/{rest:path}", service.job, methods=["GET"]),
+            Route("/jobs/{rest:path}", service.cancel, methods=["POST"]),
+            Route("/metrics", service.metrics, methods=["GET"]),
         ],
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},
     )
@@ -262,6 +267,14 @@ class _Service:
         return f"max-age={math.floor(ttl)}"
 
     # -- routes --
+
+    async def metrics(self, request: Request) -> Response:
+        """``GET /metrics`` (see ``operate.py``)."""
+        return await operate.metrics(self, request)
+
+    async def cancel(self, request: Request) -> Response:
+        """``POST /jobs/{job_id}/cancel`` (see ``operate.py``)."""
+        return await operate.cancel(self, request)
 
     async def dashboard(self, request: Request) -> Response:
         return Response(self.files["dashboard.html"], media_type=_MEDIA["html"])
