@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .._protocol.codec import load_json
+from .._protocol.deadline import cancellable
 from .._protocol.errors import is_noscript, is_redis_fault
 from .._protocol.keys import KeySchema
 from .._protocol.scripts import SCRIPTS
@@ -257,7 +258,7 @@ class Sweeper:
     async def _server_ms(self) -> int:
         self._round_trips += 1
         self._commands += 1
-        seconds, micros = await self._redis.time()
+        seconds, micros = await cancellable(self._redis.time())
         return int(seconds) * 1000 + int(micros) // 1000
 
     async def _read(self, shards: list[str], now_ms: int) -> dict[str, list[tuple[str, float]]]:
@@ -337,7 +338,7 @@ class Sweeper:
             for script in (SCRIPTS.claim, SCRIPTS.unindex):
                 self._round_trips += 1
                 self._commands += 1
-                await self._redis.script_load(script.text)
+                await cancellable(self._redis.script_load(script.text))
             again = await self._pipeline([ops[i] for i in redo])
             for i, reply in zip(redo, again, strict=True):
                 replies[i] = reply
@@ -351,7 +352,7 @@ class Sweeper:
             op(pipe)
         self._round_trips += 1
         self._commands += len(ops)
-        return list(await pipe.execute(raise_on_error=False))
+        return list(await cancellable(pipe.execute(raise_on_error=False)))
 
     # -- the loop ------------------------------------------------------------------------------
 

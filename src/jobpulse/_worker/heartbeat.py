@@ -30,6 +30,7 @@ from types import TracebackType
 from typing import Any
 
 from .._protocol.codec import dump_json, fmt_float, fmt_int, load_json
+from .._protocol.deadline import cancellable
 from .._protocol.errors import is_redis_fault
 from .._protocol.keys import KeySchema, check_job_id
 from .._protocol.scripts import SCRIPTS, evalsha
@@ -220,7 +221,7 @@ class JobHeartbeat:
         args += [fmt_int(self._total), self._meta, ""]
         sent_at = self._clock()
         async with asyncio.timeout(self._cfg.ttl):
-            reply = await evalsha(self._redis, SCRIPTS.acquire, self._keys, args)
+            reply = await cancellable(evalsha(self._redis, SCRIPTS.acquire, self._keys, args))
         if int(reply[0]) != 1:
             raise JobBusy(self.job_id)
         self.fence, self.attempt, self._seq = int(reply[1]), int(reply[2]), int(reply[3])
@@ -311,9 +312,17 @@ class JobHeartbeat:
     async def _final_write(self, status: str, error: str) -> bool:
         """Write the final state, retrying through Redis faults for up to ``final_timeout``.
 
+        LOST is the exception: the lease is already gone, the caller is owed ``LeaseLost``
+        within about ``ttl + interval``, and a sweeper records LOST anyway; so LOST is tried
+        for at most one ``interval``. COMPLETED, FAILED and CANCELLED carry the job's outcome
+        and keep the long retry.
+
         Returns True when written (or already ended), False when it could not be written.
         """
-        deadline = self._clock() + self._cfg.final_timeout
+        limit = self._cfg.final_timeout
+        if status == "LOST":
+            limit = min(limit, self._cfg.interval)
+        deadline = self._clock() + limit
         delay = 0.05
         self._seq += 1
         while True:
@@ -333,7 +342,9 @@ class JobHeartbeat:
             left = deadline - self._clock()
             try:
                 async with asyncio.timeout(max(left, 0.01)), self._slot():
-                    reply = await evalsha(self._redis, SCRIPTS.finish, self._keys, args)
+                    reply = await cancellable(
+                        evalsha(self._redis, SCRIPTS.finish, self._keys, args)
+                    )
                 code = int(reply[0])
             except Exception as exc:
                 if not is_redis_fault(exc):
@@ -356,7 +367,8 @@ class JobHeartbeat:
         ended jobs it meets, so a failure here costs one wasted claim attempt, never a job)."""
         try:
             async with asyncio.timeout(self._cfg.ttl), self._slot():
-                await self._redis.zrem(self._schema.index_for(self.job_id), self.job_id)
+                index = self._schema.index_for(self.job_id)
+                await cancellable(self._redis.zrem(index, self.job_id))
         except Exception as exc:
             if not is_redis_fault(exc):
                 raise

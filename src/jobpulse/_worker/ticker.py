@@ -25,6 +25,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .._protocol.deadline import cancellable
 from .._protocol.errors import is_noscript, is_redis_fault
 from .._protocol.scripts import SCRIPTS
 from .ratelimit import RateLimitedLog
@@ -193,7 +194,7 @@ class Ticker:
                     pipe.execute_command("EVALSHA", *args)
                 for key, members in index.items():
                     pipe.zadd(key, members)
-                results = await pipe.execute(raise_on_error=False)
+                results = await cancellable(pipe.execute(raise_on_error=False))
             self.pipelines += 1
         except Exception as exc:
             if not is_redis_fault(exc):
