@@ -118,3 +118,45 @@ def test_demo_without_redis_server_or_docker_names_both_ways(tmp_path: object) -
     assert len(line.splitlines()) == 1
     assert "redis-server" in line
     assert "Docker" in line
+
+
+async def _states(redis_url: str, ns: str) -> dict[str, bytes]:
+    import redis.asyncio as aioredis
+
+    client = aioredis.Redis.from_url(redis_url)
+    try:
+        keys = [k async for k in client.scan_iter(match=f"{ns}:*:state")]
+        return {k.decode(): await client.hget(k, "status") or b"" for k in keys}
+    finally:
+        await client.aclose()
+
+
+def test_sigterm_stops_the_demo_and_its_jobs_end_cancelled(redis_url: str, ns: str) -> None:
+    """An orchestrator's SIGTERM: the demo cancels its jobs through Redis, they write
+    CANCELLED, every pool worker exits, and the demo exits with 128 + SIGTERM."""
+    import asyncio
+    import signal
+
+    with subprocess.Popen(
+        [*JOBPULSE, "demo", "--redis", redis_url, "--namespace", ns, "--jobs", "2",
+         "--items", "100000"],
+        cwd=ROOT, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    ) as proc:  # fmt: skip
+        out: list[str] = []
+        reader = threading.Thread(target=lambda: out.extend(proc.stdout or []), daemon=True)
+        reader.start()
+        seen: set[tuple[int, float]] = set()
+        deadline = time.monotonic() + 60
+        while list(asyncio.run(_states(redis_url, ns)).values()) != [b"RUNNING"] * 2:
+            assert time.monotonic() < deadline, "the demo's jobs never ran"
+            time.sleep(0.1)
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            seen.add((child.pid, child.create_time()))
+        proc.send_signal(signal.SIGTERM)
+        code = proc.wait(60)
+        reader.join(30)
+    text = "".join(out)
+    assert code == 128 + signal.SIGTERM, text
+    assert list(asyncio.run(_states(redis_url, ns)).values()) == [b"CANCELLED"] * 2, text
+    assert "Traceback" not in text
+    assert_all_gone(seen)

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import random
 import socket
+import sys
 import threading
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -131,13 +132,21 @@ class FaultProxy:
         async def stop() -> None:
             if self._server is not None:
                 self._server.close()
+            # End the connection handlers before the loop stops (no "Task was destroyed", no
+            # unclosed socket): again while a handler accepted just now is still starting.
+            while tasks := [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]:
+                await asyncio.sleep(0)  # a handler that has not started yet registers its socket
+                for w in list(self._writers):
+                    w.transport.abort()
+                for t in tasks:
+                    t.cancel()
+                await asyncio.gather(*tasks, return_exceptions=True)
             for w in list(self._writers):
                 w.transport.abort()
-            # end the connection handlers before the loop stops (no "Task was destroyed")
-            tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
-            for t in tasks:
-                t.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            # abort() closes each socket in a callback of the next iteration: let it run
+            # before the loop stops, or the sockets are left to the garbage collector.
+            for _ in range(2):
+                await asyncio.sleep(0)
 
         with contextlib.suppress(Exception):
             self._call_coro(stop()).result(5)
@@ -162,11 +171,15 @@ class FaultProxy:
     async def _handle(self, c_reader: asyncio.StreamReader, c_writer: asyncio.StreamWriter) -> None:
         upstream = self.upstreams[self.connections % len(self.upstreams)]
         self.connections += 1
+        self._writers.add(c_writer)  # aborted by close() even while we connect upstream
         try:
             u_reader, u_writer = await asyncio.open_connection(*upstream)
-        except OSError:
+        except BaseException:  # OSError, or close() cancelling us: never leak the socket
+            self._writers.discard(c_writer)
             c_writer.transport.abort()
-            return
+            if isinstance(sys.exc_info()[1], OSError):
+                return
+            raise
         self._writers |= {c_writer, u_writer}
         conn = _Conn()
         try:

@@ -44,3 +44,28 @@ def pid_then_wait(cell: ProgressCell, seconds: float) -> int:
 def kill_self(cell: ProgressCell) -> None:
     cell.advance()
     os.kill(os.getpid(), signal.SIGKILL)
+
+
+def set_chunk(cell: ProgressCell, n: int) -> None:
+    """One chunk of ``n`` items that reports with ``set`` (this copy's count)."""
+    for i in range(1, n + 1):
+        cell.set(i)
+
+
+def advance_chunk(cell: ProgressCell, n: int) -> None:
+    """One chunk of ``n`` items, one ``advance`` each."""
+    for _ in range(n):
+        cell.advance()
+
+
+def check_until_stopped(cell: ProgressCell, marker: str) -> None:
+    """Loop on ``cell.check()``; once it raises, write the time (monotonic) to ``marker``."""
+    try:
+        while True:
+            cell.check()
+            cell.advance()
+            time.sleep(0.001)
+    except JobCancelled:
+        with open(marker, "w") as f:
+            f.write(f"{time.monotonic()} {os.getpid()}")
+        raise

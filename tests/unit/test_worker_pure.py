@@ -10,6 +10,7 @@ import pytest
 from jobpulse import JobCancelled, LeaseLostCause, ProgressCell
 from jobpulse._protocol.codec import dump_json, fmt_float, fmt_int
 from jobpulse._worker.lease import BeatOutcome, Lease, classify_beat
+from jobpulse._worker.progress import LANES
 from jobpulse._worker.sampling import RateWindow
 
 
@@ -123,3 +124,28 @@ def test_leftover_blocks_of_dead_processes_are_removed(tmp_path: object) -> None
     (d / "other_1_x").write_bytes(b"x")
     assert ProgressCell.remove_leftovers(str(d)) == ["jobpulse_999999999_abc"]
     assert sorted(p.name for p in d.iterdir()) == [f"jobpulse_{os.getpid()}_def", "other_1_x"]
+
+
+def test_copies_beyond_the_lanes_keep_every_count() -> None:
+    """Copy 64 used to write the creator's lane and copy 65 the first copy's: each ``set`` is
+    this copy's own count, and a lane handed out again goes on from its count."""
+    cell = ProgressCell()
+    try:
+        cell.set(3)
+        for _ in range(150):
+            copy = pickle.loads(pickle.dumps(cell))
+            copy.set(10)
+            del copy  # a pool process drops the task's arguments after the call
+        assert cell.done == 1503
+        live = [pickle.loads(pickle.dumps(cell)) for _ in range(LANES - 1)]
+        for each in live:
+            each.advance(2)
+        del each
+        assert cell.done == 1503 + 2 * (LANES - 1)
+        with pytest.raises(RuntimeError, match="alive at once"):
+            pickle.dumps(cell)
+        live.pop().advance()
+        pickle.loads(pickle.dumps(cell)).advance(5)  # a lane came free
+        assert cell.done == 1503 + 2 * (LANES - 1) + 1 + 5
+    finally:
+        cell._unlink()

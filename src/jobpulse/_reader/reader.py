@@ -15,6 +15,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from .._protocol.codec import parse_stream_id, to_text
+from .._protocol.deadline import cancellable
 from .._protocol.errors import is_no_such_key, is_redis_fault, is_wrongtype
 from .._protocol.keys import KeySchema, check_job_id
 from ..errors import InvalidJobId, ProtocolError
@@ -417,7 +418,7 @@ class StatusReader:
         delays = backoff if backoff is not None else Backoff()
         try:
             async with asyncio.timeout(timeout):
-                return await self._wait(job_id, delays)
+                return await cancellable(self._wait(job_id, delays))  # holds on 3.11
         except TimeoutError:
             raise TimeoutError(f"job {job_id!r} did not settle within {timeout} s") from None
 

@@ -43,6 +43,7 @@ from typing import Any
 from redis.exceptions import ConnectionError
 
 from .._protocol.codec import load_json
+from .._protocol.deadline import cancellable
 from .._protocol.errors import is_noscript, is_redis_fault, is_wrongtype
 from .._protocol.keys import KeySchema
 from .._protocol.scripts import SCRIPTS, evalsha
@@ -289,7 +290,7 @@ class Sweeper:
         self._commands += 1
         # tally.lua: the server's clock, and the mark "a sweeper ran now" (sweep_ms)
         keys = (self._schema.stats(), self._schema.claims_seen())
-        return int(await evalsha(self._redis, SCRIPTS.tally, keys, []))
+        return int(await cancellable(evalsha(self._redis, SCRIPTS.tally, keys, [])))
 
     async def _read(self, shards: list[str], now_ms: int) -> dict[str, list[tuple[str, float]]]:
         ops = [_zrange_byscore(shard, now_ms, self._cfg.batch) for shard in shards]
@@ -395,7 +396,7 @@ class Sweeper:
             for script in (SCRIPTS.claim, SCRIPTS.unindex, SCRIPTS.tally):
                 self._round_trips += 1
                 self._commands += 1
-                await self._redis.script_load(script.text)
+                await cancellable(self._redis.script_load(script.text))
             again = await self._pipeline([ops[i] for i in redo])
             for i, reply in zip(redo, again, strict=True):
                 replies[i] = reply
@@ -409,7 +410,7 @@ class Sweeper:
             op(pipe)
         self._round_trips += 1
         self._commands += len(ops)
-        return list(await pipe.execute(raise_on_error=False))
+        return list(await cancellable(pipe.execute(raise_on_error=False)))
 
     # -- the loop ------------------------------------------------------------------------------
 

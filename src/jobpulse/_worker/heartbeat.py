@@ -31,6 +31,7 @@ from types import TracebackType
 from typing import Any
 
 from .._protocol.codec import dump_json, fmt_float, fmt_int, load_json
+from .._protocol.deadline import cancellable
 from .._protocol.errors import is_redis_fault
 from .._protocol.keys import KeySchema, check_job_id
 from .._protocol.scripts import SCRIPTS, evalsha
@@ -244,14 +245,15 @@ class JobHeartbeat:
         step = "index the job"
         try:
             async with asyncio.timeout(self._cfg.ttl):
-                deadline = int(
-                    await evalsha(self._redis, SCRIPTS.enroll, (shard,), [self.job_id, horizon_ms])
-                )
+                enroll = evalsha(self._redis, SCRIPTS.enroll, (shard,), [self.job_id, horizon_ms])
+                deadline = int(await cancellable(enroll))
                 step = "acquire its lease"
                 # The sweeper may drop the entry from its deadline on (if the job is not
                 # RUNNING by then): start no later, with a margin for skew between nodes.
                 latest = deadline - min(self._cfg.ttl_ms, horizon_ms // 4)
-                reply = await evalsha(self._redis, SCRIPTS.acquire, self._keys, [*args, latest])
+                reply = await cancellable(
+                    evalsha(self._redis, SCRIPTS.acquire, self._keys, [*args, latest])
+                )
         except TimeoutError as exc:
             raise TimeoutError(
                 f"job {self.job_id!r}: Redis did not answer in time (ttl={self._cfg.ttl} s) "
@@ -365,9 +367,17 @@ class JobHeartbeat:
     async def _final_write(self, status: str, error: str) -> bool:
         """Write the final state, retrying through Redis faults for up to ``final_timeout``.
 
+        LOST is the exception: the lease is already gone, the caller is owed ``LeaseLost``
+        within about ``ttl + interval``, and a sweeper records LOST anyway; so LOST is tried
+        for at most one ``interval``. COMPLETED, FAILED and CANCELLED carry the job's outcome
+        and keep the long retry.
+
         Returns True when written (or already ended), False when it could not be written.
         """
-        deadline = self._clock() + self._cfg.final_timeout
+        limit = self._cfg.final_timeout
+        if status == "LOST":
+            limit = min(limit, self._cfg.interval)
+        deadline = self._clock() + limit
         delay = 0.05
         self._seq += 1
         while True:
@@ -387,7 +397,9 @@ class JobHeartbeat:
             left = deadline - self._clock()
             try:
                 async with asyncio.timeout(max(left, 0.01)), self._slot():
-                    reply = await evalsha(self._redis, SCRIPTS.finish, self._keys, args)
+                    reply = await cancellable(
+                        evalsha(self._redis, SCRIPTS.finish, self._keys, args)
+                    )
                 code = int(reply[0])
             except Exception as exc:
                 if not is_redis_fault(exc):
@@ -418,10 +430,9 @@ class JobHeartbeat:
                 # drops it drops the kind entry too. Only this attempt's entry (by started_ms).
                 by_kind = (self._schema.kind_index(self.kind),)
                 mine = [self.job_id, self._started_ms]
-                await evalsha(self._redis, SCRIPTS.unindex, by_kind, mine)
-                await evalsha(
-                    self._redis, SCRIPTS.unindex, (shard,), [self.job_id, self._index_score]
-                )
+                await cancellable(evalsha(self._redis, SCRIPTS.unindex, by_kind, mine))
+                running = [self.job_id, self._index_score]
+                await cancellable(evalsha(self._redis, SCRIPTS.unindex, (shard,), running))
         except Exception as exc:
             if not is_redis_fault(exc):
                 raise

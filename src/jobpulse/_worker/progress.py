@@ -3,34 +3,47 @@
 A cell is a slice of a shared-memory block (see :mod:`.arena`: many cells per block). Its
 layout, in int64 slots::
 
-    [0] magic   [1] total (-1: unknown)   [2] cancelled (0/1)   [3] lanes handed out
-    [4..7] reserved
-    [8 .. 8+LANES) one ``done`` counter per lane
+    [0] magic   [1] total (-1: unknown)   [2] cancelled (0/1)   [3] where the next lane
+    search starts   [4] the owner's pid   [5..7] reserved
+    [8 .. 8+LANES)            one ``done`` counter per lane
+    [8+LANES .. 8+2*LANES)    one "held" flag per lane
 
-A lane has one writer. The cell the heartbeat creates writes lane 0. Every copy that crosses a
-process boundary (pickled by ``run_in_executor`` on a ProcessPoolExecutor, fork or spawn) is
-handed the next lane when it is pickled, so processes never race on one counter. The job's
-``done`` is the sum of all lanes. Threads share one Python object and therefore one lane: under
-CPython's GIL ``advance()`` from several threads is counted exactly (tested); on a
+A lane has one writer at a time. The cell the heartbeat creates holds lane 0. Every copy that
+crosses a process boundary (pickled by ``run_in_executor`` on a ProcessPoolExecutor, fork or
+spawn) is handed a lane that no live copy holds, when it is pickled; the copy gives it back when
+it is garbage collected (a pool process drops a task's arguments after the call). A lane keeps
+its count when it is handed out again: the next copy goes on from there, so counts of finished
+copies are never lost, and ``done`` — the sum of all lanes — is exact for any number of
+submissions, one after another or at once. Threads share one Python object and therefore one
+lane: under CPython's GIL ``advance()`` from several threads is counted exactly (tested); on a
 free-threaded build give each thread its own lane with :meth:`ProgressCell.lane`.
+
+A copy in another process also watches the owner (the process that created the cell, see
+:mod:`.owner`): once that process is gone, the copy reads as cancelled.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import threading
 from pathlib import Path
 from typing import Any
 
 from ..errors import JobCancelled
 from .arena import NAME_PREFIX, Block, allocate, attach, release
+from .owner import watch_owner
 
 __all__ = ["LANES", "NAME_PREFIX", "ProgressCell"]
 
 LANES = 64
+"""Lanes per cell: at most this many copies of one cell (the heartbeat's included) are alive at
+once; lanes of finished copies are handed out again with their counts."""
 _MAGIC = 0x6A70756C7365  # "jpulse"
-_TOTAL, _CANCELLED, _LANES_USED, _FIRST = 1, 2, 3, 8
-_INTS = _FIRST + LANES
+_TOTAL, _CANCELLED, _NEXT, _OWNER, _FIRST = 1, 2, 3, 4, 8
+_HELD = _FIRST + LANES
+_INTS = _HELD + LANES
+_HAND_OUT = threading.Lock()  # a process hands lanes out from one thread at a time
 
 
 class ProgressCell:
@@ -44,7 +57,7 @@ class ProgressCell:
         total: the number of items, or None when unknown.
     """
 
-    __slots__ = ("__weakref__", "_block", "_creator", "_index", "_lane", "_n", "_v")
+    __slots__ = ("__weakref__", "_base", "_block", "_creator", "_index", "_lane", "_n", "_v")
 
     def __init__(self, total: int | None = None) -> None:
         _check_total(total)
@@ -52,9 +65,11 @@ class ProgressCell:
         self._v: memoryview = _slice(self._block, self._index)
         self._v[0] = _MAGIC
         self._v[_TOTAL] = -1 if total is None else total
-        self._v[_LANES_USED] = 1
+        self._v[_NEXT] = 1
+        self._v[_OWNER] = os.getpid()
+        self._v[_HELD] = 1
         self._lane = _FIRST
-        self._n = 0
+        self._n = self._base = 0
         self._creator = True
 
     @classmethod
@@ -65,21 +80,46 @@ class ProgressCell:
         if self._v[0] != _MAGIC:
             raise ValueError(f"{name!r} cell {index} is not a jobpulse ProgressCell")
         self._lane = lane
-        self._n = self._v[lane]
+        self._n = self._base = self._v[lane]  # go on from the lane's count (earlier copies)
         self._creator = False
+        owner = self._v[_OWNER]
+        if owner != os.getpid():
+            watch_owner(owner, self)
         return self
 
     def __reduce__(self) -> tuple[Any, tuple[str, int, int]]:
-        return (ProgressCell._attach, (self.name, self._index, self._next_lane()))
+        return (ProgressCell._attach, (self.name, self._index, self._hand_out_lane()))
 
-    def _next_lane(self) -> int:
-        used = self._v[_LANES_USED]
-        self._v[_LANES_USED] = used + 1
-        return _FIRST + used % LANES
+    def _hand_out_lane(self) -> int:
+        """Hold a lane no live copy holds (the unpickled copy gives it back when it dies)."""
+        v = self._v
+        with _HAND_OUT:
+            start = v[_NEXT]
+            for i in range(LANES - 1):
+                lane = 1 + (start - 1 + i) % (LANES - 1)  # lanes 1..LANES-1; 0 is the creator's
+                if not v[_HELD + lane]:
+                    v[_HELD + lane] = 1
+                    v[_NEXT] = lane % (LANES - 1) + 1
+                    return _FIRST + lane
+        raise RuntimeError(
+            f"ProgressCell {self.name}: {LANES - 1} copies of this cell are alive at once; "
+            "jobpulse counts each copy in a lane of its own and has no lane left (keep fewer "
+            "tasks of one job queued in process pools at a time)"
+        )
+
+    def __del__(self) -> None:
+        if getattr(self, "_creator", True):  # the creator's lane is never handed out
+            return
+        with contextlib.suppress(Exception):  # at interpreter exit the view may be gone
+            self._v[_HELD + self._lane - _FIRST] = 0
 
     def lane(self) -> ProgressCell:
-        """A view of this cell with a lane of its own (one per thread on free-threaded builds)."""
-        return ProgressCell._attach(self.name, self._index, self._next_lane())
+        """A view of this cell with a lane of its own (one per thread on free-threaded builds).
+
+        Raises:
+            RuntimeError: every lane is held by a live copy.
+        """
+        return ProgressCell._attach(self.name, self._index, self._hand_out_lane())
 
     # -- the hot path: no I/O, no lock, one shared-memory store --------------------------------
 
@@ -89,9 +129,14 @@ class ProgressCell:
         self._v[self._lane] = self._n
 
     def set(self, done: int) -> None:
-        """Set this lane's count of items done (the job's ``done`` is the sum of all lanes)."""
-        self._n = done
-        self._v[self._lane] = done
+        """Set how many items *this copy* of the cell has done.
+
+        The job's ``done`` is the sum over every copy (the heartbeat's cell and each copy an
+        executor pickled): ``set(10)`` at the end of each of 100 chunks counts 1,000. On the
+        heartbeat's own cell, with no copies, it is the job's ``done``.
+        """
+        self._n = self._base + done
+        self._v[self._lane] = self._n
 
     def set_total(self, total: int | None) -> None:
         """Set (or, with None, forget) the total number of items.
@@ -117,8 +162,7 @@ class ProgressCell:
     @property
     def done(self) -> int:
         """Items done: the sum over every lane."""
-        used = min(self._v[_LANES_USED], LANES)
-        return sum(self._v[_FIRST : _FIRST + used])
+        return sum(self._v[_FIRST:_HELD])
 
     @property
     def total(self) -> int | None:
@@ -132,7 +176,8 @@ class ProgressCell:
         return self._block.name
 
     def _cancel(self) -> None:
-        self._v[_CANCELLED] = 1
+        with contextlib.suppress(ValueError):  # a view released at interpreter exit
+            self._v[_CANCELLED] = 1
 
     def _unlink(self) -> None:
         """The job is over: its block is unlinked once none of its cells is live. The mapping

@@ -25,6 +25,7 @@ import weakref
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from .._protocol.deadline import cancellable
 from .._protocol.errors import is_noscript, is_redis_fault
 from .._protocol.scripts import SCRIPTS
 from .ratelimit import RateLimitedLog
@@ -59,7 +60,9 @@ class Ticker:
         self._order = itertools.count()
         self._next_wake = math.inf
         self._wake = asyncio.Event()
-        self._running = False
+        # The one ``_run`` loop, or None. Set when a loop starts and cleared by that loop, in the
+        # same step in which it finds no jobs left (no await in between): ``add`` starts a loop
+        # exactly when none is looping, so two loops never beat the same jobs.
         self._task: asyncio.Task[None] | None = None
         self._sampler = ProcessSampler(clock)
         self._warn = RateLimitedLog(log, clock)
@@ -78,8 +81,7 @@ class Ticker:
 
     def add(self, job: JobHeartbeat) -> None:
         self._jobs[id(job)] = job
-        if not self._running:
-            self._running = True
+        if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(self._run(), name="jobpulse-ticker")
         self.schedule(job)
 
@@ -107,9 +109,11 @@ class Ticker:
         return self._sampler.sample()
 
     def __repr__(self) -> str:
-        return f"<Ticker jobs={len(self._jobs)} pipelines={self.pipelines} running={self._running}>"
+        running = self._task is not None
+        return f"<Ticker jobs={len(self._jobs)} pipelines={self.pipelines} running={running}>"
 
     async def _run(self) -> None:
+        me = asyncio.current_task()
         try:
             async with asyncio.TaskGroup() as sends:
                 intended: float | None = None
@@ -122,14 +126,20 @@ class Ticker:
                     if due:
                         await self._dispatch(due, now, lag, sends)
                     intended = await self._sleep()
-                self._running = False
+                # No job left, decided with no await since the check: from here on ``add``
+                # starts a new loop; this task only waits for its last sends (of ended jobs).
+                self._release(me)
         except Exception as exc:  # a bug, not a Redis fault: those are handled per send
-            self._running = False
+            self._release(me)
             log.exception("jobpulse ticker crashed; stopping its jobs")
             for job in list(self._jobs.values()):
                 job._crashed(exc)
         finally:
-            self._running = False
+            self._release(me)
+
+    def _release(self, task: asyncio.Task[Any] | None) -> None:
+        if self._task is task:
+            self._task = None
 
     def _take_due(self, now: float) -> list[JobHeartbeat]:
         """Pop the jobs due now and those due within a tenth of their interval: beats of jobs
@@ -187,7 +197,7 @@ class Ticker:
                     pipe.execute_command("EVALSHA", *args)
                 for key, members in index.items():
                     pipe.zadd(key, members, gt=True)  # a deadline never moves back
-                results = await pipe.execute(raise_on_error=False)
+                results = await cancellable(pipe.execute(raise_on_error=False))
             self.pipelines += 1
             WORKER_STATS.beats += len(jobs)
         except Exception as exc:
@@ -213,7 +223,8 @@ class Ticker:
                 job._beat_failed(sent_at, result, quiet=missing, at_once=missing)
             else:
                 job._beat_replied(sent_at, result)
-                self._server_delta = int(result[2]) / 1000 - sent_at
+                if int(result[2]) > 0:  # a refused beat ({-2,0,0,0}) carries no server time
+                    self._server_delta = int(result[2]) / 1000 - sent_at
         if noscript:
             try:
                 await self._redis.script_load(SCRIPTS.beat.text)

@@ -6,6 +6,10 @@ a pure-Python Mandelbrot kernel — advances the job's ``ProgressCell`` from an 
 This process only *reads*: a ``StatusReader`` polls every job's snapshot and the bars show
 exactly what any other client of Redis would see.
 
+SIGTERM (an orchestrator stopping the demo) is handled like Ctrl-C: the running jobs are asked
+to stop through Redis and end CANCELLED, then the demo exits with 143. A SIGTERM that reaches a
+pool worker (its whole process group stopped) cancels that worker's job the same way.
+
 ``--kill`` SIGKILLs the first job's worker process midway. Its heartbeat dies with it, so the
 liveness key expires within the lease and the verdict turns STALE; a ``Sweeper`` then claims the
 job (LOST, fence bumped) — the demo shows both. A pool per job keeps the kill to that job: a
@@ -34,7 +38,10 @@ from typing import Any
 from .common import ExitCode, connect, fail, redact
 from .render import Board, live_summary
 
-__all__ = ["cmd_demo", "hash_kernel", "mandelbrot_kernel", "run_job"]
+__all__ = ["TERMINATED", "cmd_demo", "hash_kernel", "mandelbrot_kernel", "run_job"]
+
+TERMINATED = 128 + signal.SIGTERM
+"""Exit code of a demo stopped by SIGTERM (its jobs were cancelled and ended CANCELLED)."""
 
 INTERVAL = 0.5
 """Heartbeat interval of the demo jobs (seconds)."""
@@ -101,6 +108,10 @@ async def _job(url: str, namespace: str, job_id: str, items: int) -> str:
     from .. import heartbeat
 
     client = aioredis.Redis.from_url(url)
+    # SIGTERM (the process group stopped): cancel the job, so its exit writes CANCELLED.
+    task = asyncio.current_task()
+    assert task is not None
+    asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, task.cancel)
     try:
         async with heartbeat(
             client,
@@ -153,7 +164,11 @@ def cmd_demo(args: argparse.Namespace, url: str) -> int:
             board,
             own_redis=how != "given",
         )
-        return asyncio.run(demo)
+        try:
+            return asyncio.run(demo)
+        except asyncio.CancelledError:  # SIGTERM: the jobs were cancelled (see _demo)
+            board.say("Stopped by SIGTERM: the running jobs were cancelled.")
+            return TERMINATED
     raise AssertionError("unreachable")  # pragma: no cover - for type checkers
 
 
@@ -167,6 +182,16 @@ async def _demo(
     pools = [ProcessPoolExecutor(1, mp_context=spawn, initializer=_ignore_sigint) for _ in ids]
     runs: dict[str, asyncio.Future[str]] = {}
     pids: list[int] = []
+    # SIGTERM: cancel this task; the interrupted path below cancels the jobs through Redis.
+    main = asyncio.current_task()
+    assert main is not None
+    terminated = asyncio.Event()
+
+    def on_sigterm() -> None:
+        terminated.set()
+        main.cancel()
+
+    loop.add_signal_handler(signal.SIGTERM, on_sigterm)
     try:
         # Start each pool's process first and learn its pid: --kill strikes exactly there.
         pids += await asyncio.gather(*(loop.run_in_executor(p, os.getpid) for p in pools))
@@ -184,9 +209,12 @@ async def _demo(
             try:
                 code = await _drive(client, ns, ids, runs, pids[0] if kill else None, board)
             except BaseException:
-                await _stop(client, ns, runs, pids, cancel=own_redis is False)
+                # Ctrl-C reached a private redis-server too (same terminal); SIGTERM did not.
+                cancel = terminated.is_set() or not own_redis
+                await _stop(client, ns, runs, pids, cancel=cancel)
                 raise
     finally:
+        loop.remove_signal_handler(signal.SIGTERM)
         for pool in pools:
             pool.shutdown(wait=True, cancel_futures=True)
         _forget_leftovers(pids)

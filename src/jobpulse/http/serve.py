@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import signal
 import socket
+import threading
+from collections.abc import Iterator
+from typing import Any
 
 from .._protocol.keys import check_namespace
 
@@ -21,7 +26,10 @@ async def serve_async(
     index_shards: int = 1,
     log_level: str = "info",
 ) -> None:
-    """Serve the app until uvicorn is told to stop (SIGINT / SIGTERM); see :func:`serve`.
+    """Serve the app until told to stop (SIGINT / SIGTERM); see :func:`serve`.
+
+    A signal starts uvicorn's graceful shutdown (open SSE streams get 2 s); the reader and the
+    Redis client are then closed and the function returns.
 
     Args:
         redis_url: ``redis://`` URL of the server holding the jobs.
@@ -48,10 +56,37 @@ async def serve_async(
                 app, host=host, port=port, log_level=log_level, lifespan="off",
                 timeout_graceful_shutdown=2,
             )  # fmt: skip
-            server = uvicorn.Server(config)
+            server = _server_class(uvicorn.Server)(config)
             await server.serve(sockets=None if sock is None else [sock])
     finally:
         await client.aclose()
+
+
+def _server_class(base: Any) -> Any:
+    """uvicorn's ``Server`` stopping on SIGINT / SIGTERM *without* re-raising the signal.
+
+    uvicorn re-raises the signal once its graceful shutdown is over, which kills the process by
+    the signal's default action before ``serve_async`` has closed its reader and Redis client.
+    Here the signals only ask the server to stop (a second SIGINT forces it), and ``serve()``
+    returns normally: ``jobpulse serve`` exits 0 after a clean shutdown.
+    """
+
+    class Server(base):  # type: ignore[misc]
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            if threading.current_thread() is not threading.main_thread():
+                yield
+                return
+            loop = asyncio.get_running_loop()
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                loop.add_signal_handler(sig, self.handle_exit, sig, None)
+            try:
+                yield
+            finally:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    loop.remove_signal_handler(sig)
+
+    return Server
 
 
 def serve(
