@@ -279,25 +279,6 @@ async def test_enroll_always_moves_the_deadline_on(client: AnyRedis, ns: str) ->
     assert await client.zscore(shard, "job") == 10**13 + 1
 
 
-async def test_a_finishing_worker_spares_the_index_entry_of_a_new_attempt(
-    client: AnyRedis, ns: str
-) -> None:
-    schema = KeySchema(ns)
-    shard = schema.index_for("race")
-    async with heartbeat(client, "race", namespace=ns, interval=0.1, ttl=1) as hb:
-        # A new attempt's enroll (as after this worker's end) lands before our unindex.
-        mine = await client.zscore(shard, "race")
-        assert mine is not None
-        await evalsha(client, SCRIPTS.enroll, (shard,), ["race", 1])
-        hb.progress.advance()
-    score = await client.zscore(shard, "race")
-    assert score is not None
-    assert score > mine
-    async with heartbeat(client, "race2", namespace=ns, interval=0.1, ttl=1):
-        pass
-    assert await client.zscore(schema.index_for("race2"), "race2") is None  # ours: removed
-
-
 # -- 8. replay of a beat (the proxy tests are in tests/faults/test_replay.py) ------------------
 
 

@@ -380,6 +380,7 @@ class JobHeartbeat:
         deadline = self._clock() + limit
         delay = 0.05
         self._seq += 1
+        await self._read_index_score(limit)
         while True:
             args = [
                 self._token,
@@ -418,12 +419,35 @@ class JobHeartbeat:
                 await self._unindex()
             return True
 
+    async def _read_index_score(self, limit: float) -> None:
+        """Read the job's running-index score before the final write (best effort, bounded).
+
+        The conditional removal after the final write spares any entry moved past what this
+        worker knows, because a new attempt's ``enroll.lua`` always moves it past the current
+        score. Two writes also move it without the worker knowing: a sweeper re-scoring the
+        entry of a live but late job, and an index refresh whose reply was lost. Both happen
+        before the final write, never after it, so reading the score now (while the job is
+        still ours: no new attempt can exist) covers them; an entry a new attempt enrolls
+        after the final write still scores above what is read here.
+        """
+        shard = self._schema.index_for(self.job_id)
+        try:
+            async with asyncio.timeout(min(limit, self._cfg.ttl)), self._slot():
+                score = await cancellable(self._redis.zscore(shard, self.job_id))
+        except Exception as exc:
+            if not is_redis_fault(exc):
+                raise
+            return  # the removal is then conditional on what the worker wrote itself
+        if score is not None:
+            self._index_score = max(self._index_score, int(score))
+
     async def _unindex(self) -> None:
         """Drop the job from the running-jobs index (best effort: a sweeper drops entries of
         ended jobs it meets, so a failure here costs one wasted claim attempt, never a job)."""
         try:
             # Conditional (unindex.lua): only while the entry still holds a deadline this
-            # worker wrote; a new attempt's enroll always moves it past those.
+            # worker wrote or read before its final write; a new attempt's enroll always
+            # moves it past those.
             shard = self._schema.index_for(self.job_id)
             async with asyncio.timeout(self._cfg.ttl), self._slot():
                 # The kind entry first: a failure keeps the running entry, and the sweeper that
