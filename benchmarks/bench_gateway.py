@@ -5,12 +5,14 @@ Three parts, against a private ``redis-server`` and app processes of their own (
 module's ``serve`` command: a ``POST /start`` answered with ``accepted()`` and the jobpulse app
 mounted at ``/jp``):
 
-1. **POST→202.** Each job is started by a ``POST /start`` whose handler enters ``heartbeat()``
-   in the background and returns ``accepted()`` once the lease is held; the client times each
-   request (a raw keep-alive HTTP/1.1 connection, so the figure is the server's, not httpx's).
+1. **POST→202.** Each of ``jobs`` short jobs is started by a ``POST /start`` whose handler
+   enters ``heartbeat()`` in the background and returns ``accepted()`` once the lease is held;
+   the client times each request, one after the other, on a raw keep-alive HTTP/1.1
+   connection (so the figure is the server's, not an HTTP library's).
 2. **Long polls.** ``polls`` clients on ``jobs`` jobs, each on a connection of its own, loop on
-   ``GET /jp/jobs/{id}?wait=30`` with ``If-None-Match``. The jobs beat every ``interval`` s
-   (every beat moves the version). Redis reads/s are the ``HMGET`` calls of ``INFO
+   ``GET /jp/jobs/{id}?wait=30`` with ``If-None-Match``. The jobs run in a worker process of
+   their own and beat every ``interval`` s (every beat moves the version, and wakes every
+   poll of the job). Redis reads/s are the ``HMGET`` calls of ``INFO
    commandstats`` over the window, less the one each beat script makes, divided by its
    length; the wake-up latency of a 200 is the client's receive time minus the snapshot's
    ``heartbeat_ms`` (the Redis server's clock, the same host); RSS is the app process's,
@@ -45,6 +47,8 @@ from .common import Probe, pct, private_redis
 NAME = "gateway"
 TITLE = "Gateway: POST→202, long polls, proxy cache"
 NS = "gw"
+INTERVALS = (20.0, 5.0)
+"""Beat intervals of the long-poll part's jobs in a full run (each beat wakes every poll)."""
 
 
 # -- the app under test (``python -m benchmarks.bench_gateway serve ...``) ------------------
@@ -103,6 +107,77 @@ def serve(redis_url: str, port: int, cache_ttl: float) -> None:
     # uvicorn re-raises the SIGINT that stopped it once it has shut down cleanly.
     with contextlib.suppress(KeyboardInterrupt):
         asyncio.run(main())
+
+
+def work(redis_url: str, prefix: str, jobs: int, seconds: float, interval: float) -> None:
+    """The long-poll part's jobs, in a process of their own (as workers are): ``jobs``
+    heartbeats advancing every 0.1 s, started spread over one interval (so their beats are,
+    as those of jobs started by independent requests); prints ``ready`` once every lease is
+    held."""
+    import redis.asyncio as aioredis
+
+    from jobpulse import heartbeat
+
+    async def job(client: Any, i: int, ready: asyncio.Event, started: list[int]) -> None:
+        await asyncio.sleep(i * interval / jobs)
+        async with heartbeat(
+            client,
+            f"{prefix}-{i}",
+            namespace=NS,
+            total=1000,
+            interval=interval,
+            ttl=4 * interval,
+        ) as hb:
+            started.append(i)
+            if len(started) == jobs:
+                ready.set()
+            end = time.monotonic() + seconds
+            while time.monotonic() < end:
+                await asyncio.sleep(0.1)
+                hb.progress.advance()
+
+    async def main() -> None:
+        client = aioredis.Redis.from_url(redis_url)
+        ready = asyncio.Event()
+        started: list[int] = []
+        tasks = [asyncio.create_task(job(client, i, ready, started)) for i in range(jobs)]
+        await ready.wait()
+        print("ready", flush=True)
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            # Let every job write its final state before the client closes.
+            await asyncio.shield(asyncio.gather(*tasks, return_exceptions=True))
+            await client.aclose()
+
+    # SIGINT cancels the jobs (they end CANCELLED and free their shared memory).
+    with contextlib.suppress(KeyboardInterrupt):
+        asyncio.run(main())
+
+
+@contextlib.contextmanager
+def _workers(
+    redis_url: str, prefix: str, jobs: int, seconds: float, interval: float
+) -> Iterator[None]:
+    cmd = [sys.executable, "-m", "benchmarks.bench_gateway", "work", redis_url, prefix,
+           str(jobs), str(seconds), str(interval)]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd, cwd=Path(__file__).resolve().parent.parent, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert proc.stdout is not None
+        if proc.stdout.readline().strip() != "ready":
+            raise RuntimeError("the bench workers did not start")
+        yield
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
 
 def _reads(probe: Probe) -> int:
@@ -205,7 +280,7 @@ async def _start_jobs(port: int, n: int, seconds: float, interval: float) -> lis
 
 async def _long_polls(
     port: int, proc: psutil.Process, probe: Probe, jobs: int, polls: int, window: float,
-    settle: float,
+    settle: float, interval: float,
 ) -> dict[str, Any]:  # fmt: skip
     stop = asyncio.Event()
     wakes: list[float] = []
@@ -215,7 +290,7 @@ async def _long_polls(
 
     async def client(i: int) -> None:
         conn = Conn(port)
-        path = f"/jp/jobs/job-{i % jobs}"
+        path = f"/jp/jobs/lp{interval:g}-{i % jobs}"
         async with connected:
             _, hdrs, _ = await conn.request("GET", path)
         etag = hdrs["etag"]
@@ -242,11 +317,13 @@ async def _long_polls(
     await asyncio.sleep(settle)  # everybody connected and parked once
     before = _reads(probe)
     measuring = True
+    cpu0 = sum(proc.cpu_times()[:2])
     t0 = time.monotonic()
     while time.monotonic() - t0 < window:
         await asyncio.sleep(0.5)
         rss.append(proc.memory_info().rss)
     elapsed = time.monotonic() - t0
+    cpu = sum(proc.cpu_times()[:2]) - cpu0
     measuring = False
     after = _reads(probe)
     stop.set()
@@ -254,6 +331,10 @@ async def _long_polls(
         t.cancel()
     await asyncio.gather(*tasks, return_exceptions=True)
     return {
+        "interval": interval,
+        "offered_per_s": polls / interval,
+        "cpu_share": cpu / elapsed,
+        "cpu_ms_per_wake": 1000 * cpu / max(len(wakes), 1),
         "reads_per_s": (after - before) / elapsed,
         "wakes_per_s": len(wakes) / elapsed,
         "wake_p50_ms": pct(wakes, 50),
@@ -332,7 +413,7 @@ async def _pollers(
         conn = Conn(ports[i % len(ports)])
         try:
             while not stop.is_set():
-                _, hdrs, _ = await conn.request("GET", f"/jp/jobs/job-{i % jobs}")
+                _, hdrs, _ = await conn.request("GET", f"/jp/jobs/px-{i % jobs}")
                 sent += 1
                 hits += hdrs.get("x-cache") == "HIT"
                 await asyncio.sleep(period)
@@ -361,19 +442,25 @@ async def _pollers(
 
 
 def run(quick: bool = False) -> dict[str, Any]:
-    jobs, polls, window, interval = (5, 200, 2.0, 1.0) if quick else (50, 5000, 20.0, 2.0)
-    settle = 1.5 if quick else 8.0
+    jobs, polls, window = (5, 200, 2.0) if quick else (50, 5000, 15.0)
+    intervals, settle = ((1.0,), 1.5) if quick else (INTERVALS, 6.0)
     with private_redis() as server:
         probe = Probe(server.port)
         try:
             with _app(server.url, 0.5) as (port, proc):
-                seconds = window + settle + 10
-                posts = asyncio.run(_start_jobs(port, jobs, seconds, interval))
-                lp = asyncio.run(_long_polls(port, proc, probe, jobs, polls, window, settle))
+                posts = asyncio.run(_start_jobs(port, jobs, 0.5, 0.25))
+                lps = []
+                for interval in intervals:
+                    with _workers(
+                        server.url, f"lp{interval:g}", jobs, window + settle + 10, interval
+                    ):
+                        lps.append(asyncio.run(_long_polls(
+                            port, proc, probe, jobs, polls, window, settle, interval
+                        )))  # fmt: skip
             proxy = _proxy(server.url, probe, quick)
         finally:
             probe.close()
-    return _result(quick, jobs, polls, window, interval, posts, lp, proxy)
+    return _result(jobs, polls, window, posts, lps, proxy)
 
 
 def _proxy(redis_url: str, probe: Probe, quick: bool) -> dict[str, Any] | str:
@@ -381,8 +468,11 @@ def _proxy(redis_url: str, probe: Probe, quick: bool) -> dict[str, Any] | str:
         print("#   gateway: nginx is not installed: proxy-cache part skipped", flush=True)
         return "nginx is not installed (apt-get install -y nginx): the proxy-cache part is skipped"
     jobs, clients, window = (5, 50, 1.5) if quick else (10, 400, 8.0)
-    with _app(redis_url, 1.0) as (a, _), _app(redis_url, 1.0) as (b, _):
-        asyncio.run(_start_jobs(a, jobs, window + 15, 1.0))
+    with (
+        _app(redis_url, 1.0) as (a, _),
+        _app(redis_url, 1.0) as (b, _),
+        _workers(redis_url, "px", jobs, 2 * window + 15, 1.0),
+    ):
         direct = asyncio.run(_pollers([a, b], probe, jobs, clients, 0.1, window))
         with _nginx(a, b) as port:
             cached = asyncio.run(_pollers([port], probe, jobs, clients, 0.1, window))
@@ -390,8 +480,8 @@ def _proxy(redis_url: str, probe: Probe, quick: bool) -> dict[str, Any] | str:
 
 
 def _result(
-    quick: bool, jobs: int, polls: int, window: float, interval: float, posts: list[float],
-    lp: dict[str, Any], proxy: dict[str, Any] | str,
+    jobs: int, polls: int, window: float, posts: list[float], lps: list[dict[str, Any]],
+    proxy: dict[str, Any] | str,
 ) -> dict[str, Any]:  # fmt: skip
     tables = [
         {
@@ -402,9 +492,13 @@ def _result(
         },
         {
             "title": f"{polls:,} parked long polls on {jobs} jobs, one app process "
-            f"(jobs beat every {interval:g} s; {window:g} s window)",
+            f"({window:g} s window per row)",
             "columns": [
-                "wakes/s",
+                "jobs beat every",
+                "wakes/s offered",
+                "wakes/s served",
+                "app CPU",
+                "app CPU ms / wake",
                 "Redis HMGET/s",
                 "wake p50 ms",
                 "wake p99 ms",
@@ -413,18 +507,26 @@ def _result(
             ],
             "rows": [
                 [
+                    f"{lp['interval']:g} s",
+                    f"{lp['offered_per_s']:,.0f}",
                     f"{lp['wakes_per_s']:,.0f}",
+                    f"{lp['cpu_share']:.0%}",
+                    f"{lp['cpu_ms_per_wake']:.2f}",
                     f"{lp['reads_per_s']:,.1f}",
                     f"{lp['wake_p50_ms']:.0f}",
                     f"{lp['wake_p99_ms']:.0f}",
                     f"{lp['rss_mb']:.0f}",
                     " / ".join(str(lp["counts"][k]) for k in ("200", "304", "other")),
                 ]
+                for lp in lps
             ],
             "note": "A wake is a 200 answering a parked request; its latency runs from the "
             "beat's write (heartbeat_ms, Redis server time) to the client reading the answer, "
             "so it includes the hub's read cadence (wait_interval 0.25 s, through the reader's "
-            "0.5 s cache) and the queueing of all wakes of a beat on one process.",
+            "0.5 s cache) and the queueing of all wakes on one process. Offered = polls / beat "
+            "interval (every beat wakes every poll of its job). App CPU is the app process's "
+            "user + system time over the window: the CPU cost per wake does not depend on how "
+            "loaded the shared machine is; the latencies do (see the load average above).",
         },
     ]
     if isinstance(proxy, dict):
@@ -455,7 +557,7 @@ def _result(
         "method": " ".join((__doc__ or "").split("\n\n", 1)[1].split()),
         "tables": tables,
         "goals": {"POST→202 p99 < 100 ms": pct(posts, 99) < 100},
-        "data": {"posts_ms": posts, "long_poll": lp, "proxy": proxy},
+        "data": {"posts_ms": posts, "long_poll": lps, "proxy": proxy},
     }
     if isinstance(proxy, str):
         result["skipped"] = proxy
@@ -465,6 +567,8 @@ def _result(
 if __name__ == "__main__":
     if sys.argv[1:2] == ["serve"]:
         serve(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]))
+    elif sys.argv[1:2] == ["work"]:
+        work(sys.argv[2], sys.argv[3], int(sys.argv[4]), float(sys.argv[5]), float(sys.argv[6]))
     else:
         import json
 
