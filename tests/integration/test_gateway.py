@@ -225,6 +225,24 @@ async def test_long_poll_is_refused_with_503_past_the_waiter_bound(
     assert [a.status_code for a in answers] == [200, 200, 200]
 
 
+async def test_a_client_that_goes_away_unparks_its_long_poll_at_once(
+    gateway: tuple[GatewayServer, httpx.AsyncClient], redis: aioredis.Redis, ns: str
+) -> None:
+    srv, c = gateway
+    async with heartbeat(redis, "gone", namespace=ns, interval=30, ttl=60):
+        etag = (await c.get("/jp/jobs/gone")).headers["etag"]
+        _, writer = await asyncio.open_connection("127.0.0.1", srv.port)
+        writer.write(
+            f"GET /jp/jobs/gone?wait=30 HTTP/1.1\r\nhost: x\r\nif-none-match: {etag}\r\n\r\n"
+            .encode()
+        )  # fmt: skip
+        await writer.drain()
+        await eventually(lambda: _equals(srv.parked(), 1))
+        writer.close()
+        await writer.wait_closed()
+        await eventually(lambda: _equals(srv.parked(), 0))
+
+
 @pytest.mark.parametrize("wait", ["abc", "-1", "nan", "inf", ""])
 async def test_a_bad_wait_is_400(
     gateway: tuple[GatewayServer, httpx.AsyncClient], redis: aioredis.Redis, ns: str, wait: str

@@ -40,7 +40,7 @@ from .._reader.event import Event
 from .._reader.reader import StatusReader
 from .._reader.status import JobState, JobStatus
 from ..errors import InvalidJobId, ProtocolError
-from .longpoll import Crowded, LongPollHub, parse_wait
+from .longpoll import Crowded, LongPollHub, parse_wait, until_disconnect
 from .retry import RETRY_MIN, cache_control, retry_after
 from .sse import EventStream, encode_event
 
@@ -86,7 +86,7 @@ class HttpConfig:
 
     def __post_init__(self) -> None:
         positive = ("keepalive", "max_wait", "wait_interval")
-        for name in ("keepalive", "retry", *positive[1:], "stale_while_revalidate"):
+        for name in (*positive, "retry", "stale_while_revalidate"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise TypeError(f"{name} must be a number of seconds, got {value!r}")
@@ -340,12 +340,29 @@ class _Service:
             return _json(status.as_dict(), headers=self._headers(status, store=wait is None))
         if not timeout or status.state.is_terminal:
             return Response(status_code=304, headers=self._headers(status, store=wait is None))
-        return await self._long_poll(job_id, status, timeout)
+        return await self._long_poll(request, job_id, status, timeout)
 
-    async def _long_poll(self, job_id: str, status: JobStatus, seconds: float) -> Response:
-        """Park until the version moves past ``status`` (200) or ``seconds`` pass (304)."""
+    async def _long_poll(
+        self, request: Request, job_id: str, status: JobStatus, seconds: float
+    ) -> Response:
+        """Park until the version moves past ``status`` (200) or ``seconds`` pass (304).
+
+        A client that goes away unparks its request at once (the server would not tell the
+        handler otherwise, and a parked request holds one of ``max_waiters`` places).
+        """
+        parked = asyncio.ensure_future(self.longpoll.wait(job_id, status, seconds))
+        gone = asyncio.ensure_future(until_disconnect(request.receive))
         try:
-            moved = await self.longpoll.wait(job_id, status, seconds)
+            await asyncio.wait((parked, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if gone.done() and not gone.cancelled():
+                gone.exception()  # retrieved: a receive() that failed means the client left
+            if not parked.done():
+                parked.cancel()
+                await asyncio.wait((parked,))  # its finally unparks it before we answer
+        try:
+            moved = None if parked.cancelled() else parked.result()
         except Crowded:
             response = _error(503, "too many waiting requests")
             response.headers["retry-after"] = str(retry_after(status, self.rng) or RETRY_MIN)

@@ -37,9 +37,18 @@ import math
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
+from starlette.types import Receive
+
 from .._reader.status import JobState, JobStatus
 
-__all__ = ["Crowded", "LongPollHub", "LongPollStatistics", "parse_wait", "version"]
+__all__ = [
+    "Crowded",
+    "LongPollHub",
+    "LongPollStatistics",
+    "parse_wait",
+    "until_disconnect",
+    "version",
+]
 
 log = logging.getLogger("jobpulse")
 
@@ -54,6 +63,15 @@ def parse_wait(text: str, cap: float) -> float | None:
     if not math.isfinite(value) or value < 0:
         return None
     return min(value, cap)
+
+
+async def until_disconnect(receive: Receive) -> None:
+    """Return when the client of a request without a body goes away (ASGI
+    ``http.disconnect``); the first message, the empty request body, is skipped."""
+    while True:
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            return
 
 
 class Crowded(Exception):
