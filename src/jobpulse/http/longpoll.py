@@ -116,7 +116,7 @@ class _Job:
 
 
 class LongPollHub:
-    """Parks long-poll requests and wakes them when their job's ETag moves (one per app).
+    """Parks long-poll requests and wakes them when their job's version moves (one per app).
 
     Args:
         read: reads a job's status (``reader.get``).
