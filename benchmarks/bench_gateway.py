@@ -328,7 +328,8 @@ async def _long_polls(
     # connections), then a moment for the long polls to park: measure the steady state only.
     await asyncio.wait_for(everybody.wait(), 300)
     connect_s = time.monotonic() - t_start
-    await asyncio.sleep(settle)
+    # A slow connection wave leaves a backlog of answers to work off: give it time to drain.
+    await asyncio.sleep(max(settle, connect_s / 2))
     before = _reads(probe)
     measuring = True
     cpu0 = sum(proc.cpu_times()[:2])
