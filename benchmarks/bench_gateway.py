@@ -12,11 +12,13 @@ mounted at ``/jp``):
 2. **Long polls.** ``polls`` clients on ``jobs`` jobs, each on a connection of its own, loop on
    ``GET /jp/jobs/{id}?wait=30`` with ``If-None-Match``. The jobs run in a worker process of
    their own and beat every ``interval`` s (every beat moves the version, and wakes every
-   poll of the job). Redis reads/s are the ``HMGET`` calls of ``INFO
-   commandstats`` over the window, less the one each beat script makes, divided by its
-   length; the wake-up latency of a 200 is the client's receive time minus the snapshot's
-   ``heartbeat_ms`` (the Redis server's clock, the same host); RSS is the app process's,
-   sampled during the window (the largest).
+   poll of the job). Each row has a fresh app process; the window opens once every client
+   got its first answer and the backlog of that connection wave had time to drain. Redis
+   reads/s are the ``HMGET`` calls of ``INFO commandstats`` over the window, less the one
+   each beat script makes, divided by its length; the wake-up latency of a 200 is the
+   client's receive time minus the snapshot's ``heartbeat_ms`` (the Redis server's clock, the
+   same host); RSS is the app process's, sampled during the window (the largest); app CPU is
+   its user + system time over the window.
 3. **Proxy cache.** Two app processes (``cache_ttl=1``, so ``max-age=1,
    stale-while-revalidate=1``) behind nginx from Debian (``proxy_cache``, ``proxy_cache_lock``,
    ``proxy_cache_background_update``), against the same clients hitting the two apps directly,
