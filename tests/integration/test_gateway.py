@@ -23,6 +23,7 @@ from starlette.routing import Mount, Route
 from jobpulse import heartbeat
 from jobpulse._reader.reader import StatusReader
 from jobpulse.http import PollError, accepted, create_app, poll
+from jobpulse.http.accept import status_path
 from tests.integration.http_server import ServerThread
 from tests.support import eventually
 
@@ -132,6 +133,20 @@ async def test_post_answers_202_and_poll_follows_location_to_completed(
     assert len(running) > 10
     assert all(ra is not None and 1 <= ra <= 5 for ra in running), running
     assert seen[-1] == ("COMPLETED", None)
+
+
+@pytest.mark.parametrize("job_id", ["etl/2024:x", "x/events"])
+async def test_the_location_of_an_id_with_slashes_names_its_status(
+    gateway: tuple[GatewayServer, httpx.AsyncClient], redis: aioredis.Redis, ns: str, job_id: str
+) -> None:
+    _, c = gateway
+    async with heartbeat(redis, job_id, namespace=ns, interval=30, ttl=60):
+        scope = {"type": "http", "root_path": "", "path": "/", "headers": []}
+        location = status_path(Request(scope), job_id, mount="/jp")
+        r = await c.get(location)
+    assert r.status_code == 200
+    assert r.headers["content-type"] == "application/json"
+    assert r.json()["job_id"] == job_id
 
 
 async def test_status_headers_running_and_terminal(
