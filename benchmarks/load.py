@@ -155,7 +155,7 @@ async def run_naive(url: str, n: int, interval: float, meter: Meter, ready: asyn
         token = secrets.token_hex(8)
         try:
             reply = await client.evalsha(SCRIPTS.acquire.sha, 5, *keys, token, ttl_ms, 1000,
-                                         "naive", "1000000", "", "")  # fmt: skip
+                                         "naive", "1000000", "", "", "")  # fmt: skip
         finally:
             started.set()
         fence, seq = int(reply[1]), int(reply[3])

@@ -30,6 +30,7 @@ ORDER = [
     "false_stale",
     "cluster",
     "gateway",
+    "metrics",
 ]
 
 

@@ -1,8 +1,11 @@
 """Real Redis for every test that touches Redis.
 
-Where the server comes from: ``REDIS_URL`` if set; else a Redis container through testcontainers
-when a Docker engine answers; else a private ``redis-server`` spawned on a free port. Each test
-gets its own namespace; destructive tests take ``private_redis``, a server of their own.
+Where the server comes from: ``REDIS_URL`` if set; else, when ``JOBPULSE_TEST_SERVER`` names a
+server (``redis`` or ``valkey``), a private server of that binary on a free port; else a Redis
+container through testcontainers when a Docker engine answers; else a private ``redis-server``.
+Each test gets its own namespace. Destructive tests take ``private_redis``, a server of their own,
+and the cluster tests a ``LocalCluster``: both run the ``JOBPULSE_TEST_SERVER`` binary (default
+``redis``), so ``JOBPULSE_TEST_SERVER=valkey`` moves the whole suite but ``REDIS_URL`` to Valkey.
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
-from jobpulse._provision import LocalCluster, RedisServer, _docker_answers
+from jobpulse._provision import SERVER_ENV, LocalCluster, RedisServer, _docker_answers
 
 
 @pytest.fixture(scope="session")
@@ -24,6 +27,10 @@ def redis_url() -> Iterator[str]:
     url = os.environ.get("REDIS_URL")
     if url:
         yield url
+        return
+    if os.environ.get(SERVER_ENV):
+        with RedisServer() as server:
+            yield server.url
         return
     if _docker_answers():
         from testcontainers.redis import RedisContainer

@@ -11,6 +11,7 @@ from ._reader.status import JobStatus as JobStatus
 from ._recovery.control import request_cancel as request_cancel
 from ._recovery.sweeper import StaleJob as StaleJob
 from ._recovery.sweeper import Sweeper as Sweeper
+from ._worker.current import current as current
 from ._worker.heartbeat import JobHeartbeat as JobHeartbeat
 from ._worker.heartbeat import heartbeat as heartbeat
 from ._worker.progress import ProgressCell as ProgressCell
@@ -43,6 +44,7 @@ __all__ = (
     "StateNotWritten",
     "StatusReader",
     "Sweeper",
+    "current",
     "heartbeat",
     "request_cancel",
 )

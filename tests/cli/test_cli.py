@@ -358,6 +358,9 @@ async def test_serve_answers_http_and_stops_on_sigint(
             assert response.status_code == 200
             assert response.json()["state"] == "COMPLETED"
             assert (await http.get("/jobs/http-none")).status_code == 404
+            metrics = await http.get("/metrics")  # jobpulse serve exposes /metrics
+            assert metrics.status_code == 200
+            assert "jobpulse_index_entries" in metrics.text
         proc.send_signal(signal.SIGINT)
         async with asyncio.timeout(30):
             await proc.wait()

@@ -6,7 +6,16 @@ the code under test. Every fault is a setting a test flips while traffic flows:
 * ``latency`` / ``jitter`` (seconds): added before each chunk of replies is forwarded;
 * ``blackhole``: connections stay open, no byte is forwarded either way (buffered until lifted);
 * ``reset()``: every open connection is aborted (RST), new ones are accepted;
-* ``read_rate`` (bytes/s): replies trickle to the client (slow reads).
+* ``read_rate`` (bytes/s): replies trickle to the client (slow reads);
+* ``refuse_blocking_reads``: ``XREAD … BLOCK`` is answered with an error, as by a server that
+  serves only non-blocking reads (Upstash); every other command passes unchanged. The proxy
+  parses the client's commands (RESP arrays) and sends the real server, in the refused command's
+  place, an ``EVAL`` that returns that error, so the reply keeps its place in a pipeline.
+  ``refused`` counts them.
+* ``drop_reply_once(marker)``: the next request holding ``marker`` is forwarded (Redis runs
+  it), then the connection is cut before its reply reaches the client (a lost reply: the
+  client's retry sends the command again);
+* ``delay_reply_once(marker, seconds)``: the same request's reply is held ``seconds``.
 
 Given several upstream ports, each new connection goes to the next one in turn (a client
 load-balanced over a master and its replicas).
@@ -20,10 +29,23 @@ import random
 import socket
 import threading
 from concurrent.futures import Future
+from dataclasses import dataclass, field
 
 from jobpulse._provision import free_port
 
 __all__ = ["FaultProxy"]
+
+
+@dataclass
+class _Rule:
+    marker: bytes
+    delay: float | None  # None: drop the reply (cut the connection)
+    fired: threading.Event = field(default_factory=threading.Event)
+
+
+@dataclass
+class _Conn:
+    pending: _Rule | None = None
 
 
 class FaultProxy:
@@ -39,7 +61,11 @@ class FaultProxy:
         self._thread = threading.Thread(target=self._loop.run_forever, daemon=True)
         self._server: asyncio.Server | None = None
         self._writers: set[asyncio.StreamWriter] = set()
+        self._rules: list[_Rule] = []
+        self._rules_lock = threading.Lock()
         self.connections = 0
+        self.refuse_blocking_reads = False
+        self.refused = 0
 
     @property
     def url(self) -> str:
@@ -55,6 +81,28 @@ class FaultProxy:
             self._blackhole.set()
         else:
             self._blackhole.clear()
+
+    def drop_reply_once(self, marker: bytes) -> threading.Event:
+        """Forward the next request holding ``marker``, then cut its connection before the
+        reply. Returns an event set once that happened."""
+        return self._arm(_Rule(marker, None))
+
+    def delay_reply_once(self, marker: bytes, seconds: float) -> threading.Event:
+        """Hold the reply to the next request holding ``marker`` for ``seconds``."""
+        return self._arm(_Rule(marker, seconds))
+
+    def _arm(self, rule: _Rule) -> threading.Event:
+        with self._rules_lock:
+            self._rules.append(rule)
+        return rule.fired
+
+    def _match(self, data: bytes) -> _Rule | None:
+        with self._rules_lock:
+            for rule in self._rules:
+                if rule.marker in data:
+                    self._rules.remove(rule)
+                    return rule
+        return None
 
     def start(self) -> FaultProxy:
         self._thread.start()
@@ -120,10 +168,11 @@ class FaultProxy:
             c_writer.transport.abort()
             return
         self._writers |= {c_writer, u_writer}
+        conn = _Conn()
         try:
             await asyncio.gather(
-                self._pipe(c_reader, u_writer, to_client=False),
-                self._pipe(u_reader, c_writer, to_client=True),
+                self._pipe(c_reader, u_writer, to_client=False, conn=conn),
+                self._pipe(u_reader, c_writer, to_client=True, conn=conn),
             )
         except (OSError, asyncio.IncompleteReadError):
             pass
@@ -133,11 +182,28 @@ class FaultProxy:
                 w.transport.abort()
 
     async def _pipe(
-        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, *, to_client: bool
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        *,
+        to_client: bool,
+        conn: _Conn,
     ) -> None:
+        pending = b""  # commands not complete yet (only when rewriting)
         while data := await reader.read(65536):
+            if not to_client and (self.refuse_blocking_reads or pending):
+                data, pending = self._rewrite(pending + data)
             while self._blackhole.is_set():  # hold the bytes until the hole is lifted
                 await asyncio.sleep(0.01)
+            if not to_client and conn.pending is None:
+                conn.pending = self._match(data)
+            elif to_client and conn.pending is not None:
+                rule, conn.pending = conn.pending, None
+                if rule.delay is None:  # the command ran; its reply is lost with the link
+                    rule.fired.set()
+                    raise ConnectionResetError("fault proxy: reply dropped")
+                await asyncio.sleep(rule.delay)
+                rule.fired.set()
             delay = self.latency + (random.uniform(0, self.jitter) if self.jitter else 0.0)
             if delay and to_client:
                 await asyncio.sleep(delay)
@@ -149,3 +215,60 @@ class FaultProxy:
             else:
                 writer.write(data)
                 await writer.drain()
+
+    # -- refusing blocking reads ----------------------------------------------------------
+
+    REFUSAL = b"ERR blocking reads are not supported by this server"
+
+    def _rewrite(self, buf: bytes) -> tuple[bytes, bytes]:
+        """Forwardable bytes of ``buf`` (each XREAD with BLOCK replaced) and the incomplete rest."""
+        out = bytearray()
+        pos = 0
+        while pos < len(buf):
+            parsed = _parse_command(buf, pos)
+            if parsed is None:
+                break
+            args, end = parsed
+            if self.refuse_blocking_reads and _is_blocking_xread(args):
+                self.refused += 1
+                out += _command([b"EVAL", b"return redis.error_reply(ARGV[1])", b"0", self.REFUSAL])
+            else:
+                out += buf[pos:end]
+            pos = end
+        return bytes(out), buf[pos:]
+
+
+def _parse_command(buf: bytes, pos: int) -> tuple[list[bytes], int] | None:
+    """One RESP array of bulk strings at ``pos`` (what clients send): its arguments and end, or
+    None when it is not complete yet."""
+    line_end = buf.find(b"\r\n", pos)
+    if line_end < 0:
+        return None
+    if buf[pos : pos + 1] != b"*":  # an inline command: pass it as one "argument"
+        return [buf[pos:line_end]], line_end + 2
+    count = int(buf[pos + 1 : line_end])
+    pos = line_end + 2
+    args: list[bytes] = []
+    for _ in range(count):
+        line_end = buf.find(b"\r\n", pos)
+        if line_end < 0:
+            return None
+        size = int(buf[pos + 1 : line_end])
+        start = line_end + 2
+        if len(buf) < start + size + 2:
+            return None
+        args.append(buf[start : start + size])
+        pos = start + size + 2
+    return args, pos
+
+
+def _is_blocking_xread(args: list[bytes]) -> bool:
+    if not args or args[0].upper() not in (b"XREAD", b"XREADGROUP"):
+        return False
+    upper = [a.upper() for a in args]
+    streams = upper.index(b"STREAMS") if b"STREAMS" in upper else len(upper)
+    return b"BLOCK" in upper[1:streams]
+
+
+def _command(args: list[bytes]) -> bytes:
+    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)

@@ -13,6 +13,7 @@ from redis.exceptions import NoPermissionError
 
 from jobpulse import JobCancelled, JobState, StatusReader, Sweeper, heartbeat, request_cancel
 from jobpulse._provision import RedisServer
+from jobpulse.metrics import take_census
 
 from ..support import spawn_worker, stop
 
@@ -73,6 +74,8 @@ async def test_worker_reader_and_sweeper_run_with_the_documented_acl(
             claimed += [job.job_id for job in await Sweeper(limited).sweep()]
             await asyncio.sleep(0.2)
     assert claimed == ["acl-dead"]
+    census = await take_census(limited)  # GET /metrics's census, with the same user
+    assert [(k.kind, k.running, k.claims) for k in census.kinds] == [("", 0, 1)]
 
 
 async def test_the_limited_user_cannot_touch_other_keys_or_commands(

@@ -106,7 +106,8 @@ async def live(url: str, ns: str, ids: list[str], interval: float, ttl: float, r
 
 def sweep_process(url: str, ns: str, sweepers: int, within: float) -> tuple[int, list[str]]:
     """A process of ``sweepers`` concurrent sweepers. Waits for the go signal (a Redis key), then
-    sweeps until the namespace's index is empty. Returns (pid, every job id it claimed)."""
+    sweeps (acknowledging each claim) until the namespace's index is empty. Returns (pid,
+    every job id it claimed)."""
     return asyncio.run(_sweep_process(url, ns, sweepers, within))
 
 
@@ -118,9 +119,14 @@ async def _sweep_process(url: str, ns: str, sweepers: int, within: float) -> tup
     async def sweeper(n: int) -> None:
         client = await connect(url)
         try:
-            s = Sweeper(client, namespace=ns, batch=16, name=f"{os.getpid()}-{n}")
+            # Each claim is acknowledged at once (as a user of sweep() does once it handled the
+            # job), long before redeliver_after; a later sweep then drops its index entry.
+            name = f"{os.getpid()}-{n}"
+            s = Sweeper(client, namespace=ns, batch=16, name=name, redeliver_after=3.0)
             while True:
-                claimed.extend(job.job_id for job in await s.sweep())
+                for job in await s.sweep():
+                    claimed.append(job.job_id)
+                    await s.ack(job)
                 if not await client.zcard(index) or await client.exists(f"{ns}:test:abort"):
                     return
                 await asyncio.sleep(0.005)

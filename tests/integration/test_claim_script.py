@@ -5,15 +5,17 @@ from __future__ import annotations
 import asyncio
 
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 
 from jobpulse._protocol.keys import JobKeys, KeySchema
 from jobpulse._protocol.scripts import SCRIPTS, evalsha
 
 MAXLEN, RETENTION_MS = 100, 60_000
+AnyRedis = aioredis.Redis | RedisCluster
 
 
 async def seed_running(
-    redis: aioredis.Redis, keys: JobKeys, *, fence: int = 3, seq: int = 7, **extra: str
+    redis: AnyRedis, keys: JobKeys, *, fence: int = 3, seq: int = 7, **extra: str
 ) -> None:
     """A RUNNING snapshot as a worker leaves it, with its fence counter, and no liveness."""
     await redis.hset(
@@ -35,8 +37,16 @@ async def seed_running(
     await redis.xadd(keys.events, {"kind": "start", "fence": fence})
 
 
-async def claim(redis: aioredis.Redis, keys: JobKeys, error: str = "stale: test") -> list:
-    return await evalsha(redis, SCRIPTS.claim, keys.all(), [MAXLEN, RETENTION_MS, error])
+async def claim(
+    redis: AnyRedis,
+    keys: JobKeys,
+    error: str = "stale: test",
+    *,
+    token: str = "sweep-1",
+    redeliver_ms: int = 60_000,
+) -> list:
+    args = [MAXLEN, RETENTION_MS, error, redeliver_ms, token]
+    return await evalsha(redis, SCRIPTS.claim, keys.all(), args)
 
 
 async def test_claim_of_a_stale_job_bumps_the_fence_writes_lost_and_returns_the_snapshot(
@@ -67,12 +77,43 @@ async def test_claim_of_a_stale_job_bumps_the_fence_writes_lost_and_returns_the_
         assert 0 < await redis.pttl(key) <= RETENTION_MS
 
 
-async def test_a_second_claim_finds_the_job_not_running(redis: aioredis.Redis, ns: str) -> None:
+async def test_a_claim_is_answered_again_to_its_replay_and_after_its_redelivery_time(
+    client: AnyRedis, ns: str
+) -> None:
     keys = KeySchema(ns).job("twice")
-    await seed_running(redis, keys)
-    assert (await claim(redis, keys))[0] == 1
-    assert await claim(redis, keys) == [0]
-    assert await redis.get(keys.fence) == b"4"
+    await seed_running(client, keys)
+    first = await claim(client, keys, redeliver_ms=300)
+    assert (await claim(client, keys, redeliver_ms=300))[:3] == first[:3]  # a replay
+    code, left = await claim(client, keys, token="sweep-2", redeliver_ms=300)
+    assert code == -1  # another sweeper, before the redelivery time: come back later
+    assert 0 < left <= 300
+    await asyncio.sleep(left / 1000 + 0.05)
+    again = await claim(client, keys, token="sweep-2", redeliver_ms=300)
+    assert again[:3] == first[:3] == [1, 4, first[2]]  # same fence, same claim time
+    assert (await claim(client, keys, token="sweep-3"))[0] == -1  # due again 300 ms later
+    snapshot = dict(zip(again[3::2], again[4::2], strict=True))
+    assert snapshot[b"status"] == b"RUNNING"
+    assert snapshot[b"attempt"] == b"1"
+    assert snapshot[b"checkpoint"] == b'{"offset":5}'
+    assert not {b"claim", b"claim_due_ms", b"claim_token"} & set(snapshot)
+    assert await client.get(keys.fence) == b"4"  # bumped once
+    kinds = [e[1][b"kind"] for e in await client.xrange(keys.events)]
+    assert kinds.count(b"stale") == 1
+    assert await client.hget(keys.state, "claim") == b"4"  # the unacknowledged-claim marker
+
+    assert await evalsha(client, SCRIPTS.ack, keys.all(), [4]) == 1
+    assert await evalsha(client, SCRIPTS.ack, keys.all(), [4]) == 1  # a replay: the same
+    assert await client.hmget(keys.state, "claim", "claim_due_ms", "claim_token") == [None] * 3
+    assert await claim(client, keys, token="sweep-2") == [0]  # acknowledged: not running
+    assert await client.hget(keys.state, "status") == b"LOST"
+
+
+async def test_an_ack_of_another_claim_changes_nothing(client: AnyRedis, ns: str) -> None:
+    keys = KeySchema(ns).job("other")
+    await seed_running(client, keys)
+    assert (await claim(client, keys))[1] == 4
+    assert await evalsha(client, SCRIPTS.ack, keys.all(), [3]) == 0
+    assert await client.hget(keys.state, "claim") == b"4"
 
 
 async def test_concurrent_claims_of_one_job_have_exactly_one_winner(
@@ -82,13 +123,18 @@ async def test_concurrent_claims_of_one_job_have_exactly_one_winner(
     await seed_running(redis, keys)
     clients = [aioredis.Redis.from_url(redis_url) for _ in range(8)]
     try:
-        replies = await asyncio.gather(*(claim(c, keys) for c in clients for _ in range(5)))
+        replies = await asyncio.gather(
+            *(claim(c, keys, token=f"s{i}") for i, c in enumerate(clients) for _ in range(5))
+        )
     finally:
         for c in clients:
             await c.aclose()
-    assert sorted(r[0] for r in replies) == [0] * 39 + [1]
+    # The winner's token sees its own claim 5 times (a replay answers it); the others wait.
+    assert sorted(r[0] for r in replies) == [-1] * 35 + [1] * 5
+    assert {r[1] for r in replies if r[0] == 1} == {4}
     kinds = [e[1][b"kind"] for e in await redis.xrange(keys.events)]
     assert kinds.count(b"stale") == 1
+    assert await redis.get(keys.fence) == b"4"
 
 
 async def test_alive_job_is_not_claimed_and_its_time_left_is_returned(

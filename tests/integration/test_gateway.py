@@ -20,7 +20,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Mount, Route
 
-from jobpulse import heartbeat
+from jobpulse import heartbeat, request_cancel
 from jobpulse._reader.reader import StatusReader
 from jobpulse.http import PollError, accepted, create_app, poll
 from jobpulse.http.accept import status_path
@@ -191,6 +191,24 @@ async def test_long_poll_returns_the_new_version_when_done_moves(
     assert moved.headers["etag"] != etag
     assert moved.headers["cache-control"] == "no-store"
     assert await srv.parked() == 0
+
+
+async def test_long_poll_returns_when_a_cancel_is_requested(
+    gateway: tuple[GatewayServer, httpx.AsyncClient], redis: aioredis.Redis, ns: str
+) -> None:
+    srv, c = gateway
+    # A cancel request sets a flag without a new seq; the ETag shows it, so the long poll must.
+    async with heartbeat(redis, "cx", namespace=ns, interval=30, ttl=60):
+        etag = (await c.get("/jp/jobs/cx")).headers["etag"]
+        waiting = asyncio.create_task(
+            c.get("/jp/jobs/cx", params={"wait": 30}, headers={"If-None-Match": etag})
+        )
+        await eventually(lambda: _equals(srv.parked(), 1))
+        await request_cancel(redis, "cx", namespace=ns)
+        moved = await waiting
+        assert moved.status_code == 200
+        assert moved.json()["cancel_requested"] is True
+        assert moved.headers["etag"] == etag.removesuffix('"') + '.cancel"'
 
 
 async def test_long_poll_answers_304_after_wait_without_a_change(

@@ -61,25 +61,28 @@ async def _gone(redis: aioredis.Redis, key: str) -> bool:
 async def test_one_beat_is_one_top_level_command(private_redis: RedisServer) -> None:
     """MONITOR tags commands run by a script with ``lua``: every other line is a round trip."""
     client = aioredis.Redis.from_url(private_redis.url)
-    for script in (SCRIPTS.acquire, SCRIPTS.beat, SCRIPTS.finish):
+    for script in (SCRIPTS.enroll, SCRIPTS.acquire, SCRIPTS.beat, SCRIPTS.finish, SCRIPTS.unindex):
         await client.script_load(script.text)
     try:
         async with Monitor(private_redis.port) as mon:
             async with heartbeat(client, "one-rt", interval=0.02, ttl=0.5, index_every=10) as hb:
                 await eventually(lambda: _beats(hb, 60), within=20)
             stats = hb.statistics()
-            # the final write's ZREM is the last top-level command: wait until MONITOR shows it
-            await eventually(lambda: _true("zrem" in mon.commands()), within=10)
+            # the conditional unindex after the final write is the last top-level command
+            unindex = SCRIPTS.unindex.sha
+            await eventually(lambda: _true(any(unindex in line for line in mon.lines)), within=10)
     finally:
         await client.aclose()
     names = mon.commands()
-    # one EVALSHA per beat, plus the acquire and the final write
-    assert names.count("evalsha") == stats.beats_sent + 2, (names.count("evalsha"), stats)
+    # one EVALSHA per beat, plus the index entry and the acquire, the final write and the two
+    # unindexes (the per-kind index's, then the running index's)
+    assert names.count("evalsha") == stats.beats_sent + 5, (names.count("evalsha"), stats)
     # (a connection opened meanwhile says HELLO / CLIENT SETINFO once: not per beat)
-    others = [n for n in names if n not in ("evalsha", "zadd", "zrem", "hello", "client")]
+    others = [n for n in names if n not in ("evalsha", "zadd", "hello", "client")]
     assert others == [], others
-    # the running-index refresh: one ZADD per 10 beats (plus one at acquire)
-    assert names.count("zadd") <= stats.beats_sent // 10 + 2
+    # the running-index refresh: one ZADD per 10 beats, each with the per-kind index's and the
+    # kinds' ZADD in the same pipeline (plus those two once after the acquire)
+    assert names.count("zadd") <= 3 * (stats.beats_sent // 10 + 1) + 2
 
 
 async def _true(value: bool) -> bool:
@@ -98,10 +101,15 @@ async def test_snapshot_write_with_an_older_seq_is_refused(redis: aioredis.Redis
         seq = int(await redis.hget(keys.state, "seq"))
         values = ["999", "", "late", "", "", "", "", ""]
         stale = await redis.evalsha(
+            SCRIPTS.beat.sha, 5, *keys.all(), token, hb.fence, 5000, seq - 1, "", "", 100, *values
+        )
+        assert stale[0] == 0  # seq older: nothing written
+        assert await redis.hget(keys.state, "stage") != b"late"
+        same = await redis.evalsha(
             SCRIPTS.beat.sha, 5, *keys.all(), token, hb.fence, 5000, seq, "", "", 100, *values
         )
-        assert stale[0] == 0  # seq not newer: nothing written
-        assert await redis.hget(keys.state, "stage") != b"late"
+        assert same[0] == 1  # the same seq is taken for a replay of a written beat: answered
+        assert await redis.hget(keys.state, "stage") != b"late"  # as written, nothing written
         fresh = await redis.evalsha(
             SCRIPTS.beat.sha, 5, *keys.all(), token, hb.fence, 5000, seq + 1, "", "", 100, *values
         )

@@ -483,3 +483,31 @@ async def test_200_sse_clients_of_one_job_all_receive_every_event(
     for got in results:
         assert [f.id for f in got] == ids
     assert await server.watchers() == 0
+
+
+async def test_events_without_last_event_id_follow_the_current_attempt_past_a_stale_entry(
+    client: httpx.AsyncClient, redis: aioredis.Redis, redis_url: str, ns: str
+) -> None:
+    """Issue 12, item 2: attempt 1 died and was claimed (a ``stale`` entry); attempt 2 runs.
+    An SSE client with no Last-Event-ID gets attempt 1's entries, then follows attempt 2 to
+    its own ``end`` (it used to stop at the ``stale`` entry)."""
+    from jobpulse import Sweeper
+
+    stop(spawn_worker(redis_url, ns, "sse-again", 0.3))
+    sweeper = Sweeper(redis, namespace=ns)
+    await eventually(sweeper.sweep, within=10)
+    async with heartbeat(redis, "sse-again", namespace=ns, interval=30, ttl=60) as hb:
+        task = asyncio.create_task(collect(client, "/jobs/sse-again/events"))
+        await eventually(lambda: _stream_has(redis, ns, "sse-again", hb.fence), within=10)
+        await asyncio.sleep(0.2)
+        assert not task.done()  # the stale entry of attempt 1 did not end the stream
+        await hb.checkpoint(step=1)
+    got = await asyncio.wait_for(task, 30)
+    events = [(f.event, f.json()["attempt"]) for f in got if f.event != "beat"]
+    assert events == [("start", 1), ("stale", 1), ("start", 2), ("checkpoint", None), ("end", 2)]
+    assert got[-1].json()["fence"] == hb.fence
+
+
+async def _stream_has(redis: aioredis.Redis, ns: str, job: str, fence: int) -> bool:
+    entries = await redis.xrange(KeySchema(ns).events(job))
+    return any(e[b"kind"] == b"start" and int(e[b"fence"]) == fence for _, e in entries)

@@ -1,4 +1,5 @@
-"""A worker process for crash tests: ``python -m tests.integration.worker_proc URL NS JOB [TTL]``.
+"""A worker process for crash tests: ``python -m tests.integration.worker_proc URL NS JOB [TTL]``
+(a fifth argument is the job's kind).
 
 Runs one job under a heartbeat (interval ttl/6) that advances a counter forever, prints
 ``ready <pid>`` once the lease is held, and is meant to be SIGKILLed or SIGSTOPped by the test.
@@ -10,14 +11,15 @@ import asyncio
 import os
 import sys
 
-import redis.asyncio as aioredis
-
 from jobpulse import heartbeat
 
+from ..support import connect
 
-async def main(url: str, ns: str, job_id: str, ttl: float) -> None:
-    client = aioredis.Redis.from_url(url)
-    async with heartbeat(client, job_id, namespace=ns, ttl=ttl, interval=ttl / 6) as hb:
+
+async def main(url: str, ns: str, job_id: str, ttl: float, kind: str = "") -> None:
+    client = await connect(url)  # a single Redis, or a cluster for a ``cluster:`` URL
+    opts = {"namespace": ns, "ttl": ttl, "interval": ttl / 6, "kind": kind}
+    async with heartbeat(client, job_id, **opts) as hb:
         print(f"ready {os.getpid()}", flush=True)
         while True:
             hb.progress.advance()
@@ -26,4 +28,4 @@ async def main(url: str, ns: str, job_id: str, ttl: float) -> None:
 
 if __name__ == "__main__":
     ttl = float(sys.argv[4]) if len(sys.argv) > 4 else 1.0
-    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], ttl))
+    asyncio.run(main(sys.argv[1], sys.argv[2], sys.argv[3], ttl, *sys.argv[5:6]))

@@ -34,3 +34,22 @@ async def cancel(client: aioredis.Redis) -> bool:
         return await request_cancel(client, "report-1", namespace="jobpulse")
     except jobpulse.InvalidJobId:
         return False
+
+
+def stage_of_current_job() -> str | None:
+    hb: JobHeartbeat | None = jobpulse.current()
+    if hb is None:
+        return None
+    hb.set_stage("load")
+    kind: str = hb.kind
+    return kind
+
+
+async def sweep_and_ack(client: aioredis.Redis) -> list[tuple[str, int]]:
+    sweeper = jobpulse.Sweeper(client, redeliver_after=30.0)
+    handled: list[tuple[str, int]] = []
+    for job in await sweeper.sweep():
+        handled.append((job.job_id, job.attempt))  # idempotency key of a claim
+        acknowledged: bool = await sweeper.ack(job)
+        assert acknowledged
+    return handled

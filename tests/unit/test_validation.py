@@ -88,3 +88,15 @@ def test_keys_share_one_hash_tag_per_job() -> None:
         "ns:{a:b/c}:fence",
     )
     assert KeySchema("ns", index_shards=4).index_for("a:b/c").startswith("ns:{#running:")
+
+
+@pytest.mark.parametrize(
+    ("kind", "error"),
+    [("has space", ValueError), ("k" * 101, ValueError), ("é", ValueError), (None, TypeError)],
+)
+async def test_invalid_kinds_raise_before_any_redis_call(
+    nowhere: aioredis.Redis, kind: object, error: type[Exception]
+) -> None:
+    with pytest.raises(error, match="kind"):
+        async with heartbeat(nowhere, "job", kind=kind):
+            pass

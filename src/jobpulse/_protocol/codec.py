@@ -31,7 +31,7 @@ __all__ = [
 SNAPSHOT_FIELDS: tuple[str, ...] = (
     "status", "stage", "done", "total", "rate", "eta_s", "rss_bytes", "cpu_s", "loop_lag_ms",
     "seq", "fence", "attempt", "worker", "started_ms", "heartbeat_ms", "progress_ms",
-    "finished_ms", "error", "meta",
+    "finished_ms", "error", "meta", "kind",
 )  # fmt: skip
 """The contract's snapshot fields (section 3), in the documented order."""
 

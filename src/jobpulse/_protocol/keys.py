@@ -94,3 +94,20 @@ class KeySchema:
     def index_for(self, job_id: str) -> str:
         """The index shard that holds ``job_id``."""
         return self.index(zlib.crc32(job_id.encode()) % self.index_shards)
+
+    def kind_index(self, kind: str) -> str:
+        """The per-kind index of ``kind`` (a sorted set of job ids scored by ``started_ms``)."""
+        # a kind has the job id's alphabet (no braces, no "#"): one slot per kind
+        return f"{self.namespace}:{{#kind:{kind}}}"
+
+    def kinds(self) -> str:
+        """The kinds seen (a sorted set of kinds scored by when a worker last indexed one)."""
+        return f"{self.namespace}:{{#kinds}}"
+
+    def stats(self) -> str:
+        """The sweepers' shared counters (a Hash: ``claims:<kind>``, ``sweep_ms``)."""
+        return f"{self.namespace}:{{#stats}}"
+
+    def claims_seen(self) -> str:
+        """The claims already counted (a sorted set, same slot as :meth:`stats`)."""
+        return f"{self.namespace}:{{#stats}}:claims"

@@ -48,11 +48,16 @@ class Scripts:
     cancel: Script
     claim: Script
     unindex: Script
+    enroll: Script
+    ack: Script
+    tally: Script
 
     @classmethod
     def load(cls) -> Scripts:
-        return cls(*(_load(n) for n in ("acquire", "beat", "finish", "cancel", "claim", "unindex")))
+        return cls(*(_load(n) for n in _NAMES))
 
+
+_NAMES = ("acquire", "beat", "finish", "cancel", "claim", "unindex", "enroll", "ack", "tally")
 
 SCRIPTS = Scripts.load()
 

@@ -3,8 +3,8 @@
 Invariants (for one key, while its entry is in the cache):
   * a value handed out never has a lower ``version`` than one handed out before, unless a read
     taken later by the server's clock says the snapshot is gone (``exists`` false): then the
-    guard starts over, because a job id that comes back after its snapshot expired starts its
-    fence and seq again from 1;
+    guard starts over (a job id that comes back after its snapshot expired has a higher fence
+    anyway: fences grow over an id's whole life, see docs/protocol.md);
   * at most one fetch per key is in flight for any set of fields a caller waits for: a miss joins
     an in-flight fetch whose fields cover its own (single flight), unless caching is disabled or
     the caller asked for a read that starts after its call;

@@ -26,9 +26,14 @@ class Event:
         done: items done.
         total: items in all, when known.
         seq: the snapshot's seq when the entry was written.
-        fence: the attempt's fence.
+        fence: the fence of the attempt the entry belongs to (a ``stale`` entry carries the
+            claim's fence). Every attempt opens with a ``start`` entry.
+        attempt: the attempt's number (1 for a first run), on the entries the scripts write
+            from the snapshot (``start``, ``cancel``, ``end``, ``stale``); None on ``beat``,
+            ``stage`` and ``checkpoint`` entries (their ``fence`` names the attempt).
         ts: when the entry was written, in seconds since the epoch (Redis server clock).
         details: the entry's JSON details (checkpoint details, a cancel reason), else None.
+        job_kind: the job's kind, on ``start`` entries of a job that has one.
         synthetic: True for the ``stale`` event a reader makes up when the worker's liveness
             key is gone and no sweeper has claimed the job yet; its ``id`` is the last real
             entry's id, so resuming from it loses nothing.
@@ -42,13 +47,16 @@ class Event:
     total: int | None = None
     seq: int | None = None
     fence: int | None = None
+    attempt: int | None = None
     ts: float | None = None
     details: Any = None
+    job_kind: str | None = None
     synthetic: bool = False
 
     @property
     def terminal(self) -> bool:
-        """True for ``end`` and ``stale``: the attempt's stream ends here."""
+        """True for ``end`` and ``stale``: this attempt's entries end here (a later attempt
+        of the job id may append its own, opening with ``start``)."""
         return self.kind in TERMINAL_EVENT_KINDS
 
 
@@ -90,6 +98,8 @@ def decode_event(entry_id: str | bytes, raw: Any) -> Event:
         total=_int(eid, fields, "total"),
         seq=_int(eid, fields, "seq"),
         fence=_int(eid, fields, "fence"),
+        attempt=_int(eid, fields, "attempt") if fields.get("attempt") else None,
         ts=None if ts_ms is None else ts_ms / 1000.0,
         details=details,
+        job_kind=fields.get("job_kind"),
     )

@@ -15,7 +15,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from .._protocol.codec import parse_stream_id, to_text
-from .._protocol.errors import is_redis_fault
+from .._protocol.errors import is_no_such_key, is_redis_fault, is_wrongtype
 from .._protocol.keys import KeySchema, check_job_id
 from ..errors import InvalidJobId, ProtocolError
 from .backoff import Backoff
@@ -279,7 +279,7 @@ class StatusReader:
         except UnicodeDecodeError:  # a client with decode_responses, a foreign value
             raise ProtocolError(f"job {job_id!r}: a snapshot value is not UTF-8") from None
         for reply in (values, pttl, now):
-            if isinstance(reply, ResponseError) and "WRONGTYPE" in str(reply):
+            if is_wrongtype(reply):
                 raise ProtocolError(f"job {job_id!r}: {keys.state} is not a hash")
             if isinstance(reply, Exception):
                 raise reply
@@ -342,7 +342,7 @@ class StatusReader:
             async with self._slots:
                 info = await self._redis.xinfo_stream(key)
         except ResponseError as exc:
-            if "no such key" in str(exc).lower():
+            if is_no_such_key(exc):
                 return False
             raise
         first = info.get("first-entry") or info.get(b"first-entry")
@@ -461,9 +461,8 @@ class StatusReader:
         if isinstance(start, bytes):
             start = start.decode()
         async with self.watch(job_id, last_event_id=start) as events:
-            async for event in events:
-                if event.terminal:
-                    return
+            async for _event in events:
+                pass  # the watch ends after the terminal entry of the job's last attempt
 
     # -- lifecycle ----------------------------------------------------------------------------
 

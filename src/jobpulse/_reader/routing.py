@@ -9,7 +9,8 @@ moved: resharding, failover), CLUSTERDOWN, or fails on the connection (the node 
 hub refreshes the cluster client's slot map and moves each stream, with its watchers and its
 cursor, to the loop of its new owner; nothing is lost since the cursor travels with it. ASK and
 TRYAGAIN (a slot being migrated) make the node's loop poll through the cluster client, which
-follows ASK, until the migration is over.
+follows ASK, until the migration is over. A server that refuses ``XREAD … BLOCK`` (Upstash) makes
+its loop, and every loop the hub creates after it, poll on a ``Backoff`` schedule instead.
 """
 
 from __future__ import annotations
@@ -50,6 +51,9 @@ class WatchHub:
         slots: bounds the reader's calls in flight on the client's pool (history reads).
         count: XREAD COUNT per stream and call.
         clock: monotonic clock.
+        blocking: False: never send ``XREAD … BLOCK``, poll (servers without blocking reads);
+            True: block, and poll once a server refused to block.
+        poll_cap: when polling without blocking reads, the longest pause between empty reads.
     """
 
     def __init__(
@@ -64,8 +68,11 @@ class WatchHub:
         poll: float = 0.1,
         count: int = 100,
         clock: Callable[[], float] = time.monotonic,
+        blocking: bool = True,
+        poll_cap: float = 2.0,
     ) -> None:
         self._redis = redis
+        self.blocking, self._poll_cap = blocking, poll_cap
         self._schema = schema
         self._cluster = isinstance(redis, RedisCluster)
         self._block, self._poll, self._interval = block, poll, liveness_interval
@@ -160,6 +167,7 @@ class WatchHub:
             loop = XReadLoop(
                 self, node, self._redis, name=name, block=self._block, poll=self._poll,
                 liveness_interval=self._interval, count=self._count, clock=self._clock,
+                blocking=self.blocking, poll_cap=self._poll_cap,
             )  # fmt: skip
             self._loops[name] = loop
         return loop

@@ -100,6 +100,7 @@ class JobStatus:
         progress_age: seconds since ``done`` last changed, by the Redis server's clock.
         error: ``"Type: message"`` of a FAILED job, or why a job is LOST.
         meta: the job's ``meta`` (decoded JSON).
+        kind: the job's kind (``heartbeat(..., kind=...)``), None when it has none.
         started_ms: when the attempt started (Redis server time, ms).
         heartbeat_ms: when the last beat was written (Redis server time, ms).
         progress_ms: when ``done`` last changed (Redis server time, ms).
@@ -127,6 +128,7 @@ class JobStatus:
     progress_age: float | None = None
     error: str | None = None
     meta: Any = None
+    kind: str | None = None
     started_ms: int | None = None
     heartbeat_ms: int | None = None
     progress_ms: int | None = None
@@ -287,6 +289,7 @@ def decode_snapshot(job_id: str, raw: RawSnapshot, alive_pttl: int, server_ms: i
         progress_age=_age(server_ms, ints["progress_ms"]),
         error=raw.get("error"),
         meta=meta,
+        kind=raw.get("kind"),
         started_ms=ints["started_ms"],
         heartbeat_ms=ints["heartbeat_ms"],
         progress_ms=ints["progress_ms"],

@@ -10,6 +10,11 @@ How a watcher joins without a gap or a duplicate (``Watch._sync``):
      queues everything after C for it;
   3. it yields history, catch-up, then its queue, dropping any id not above the last it yielded.
 
+Attempts: a job id's stream holds every attempt (each opens with a ``start`` entry; entries
+carry the attempt's ``fence``). A terminal entry (``end``, ``stale``) that a later ``start``
+follows belongs to an earlier attempt: it is yielded, but the watch goes on, so a watch follows
+the job's last attempt to its end.
+
 The hub's XREAD names every followed stream with its cursor. When a new stream joins while the
 XREAD is blocked, the hub interrupts it with ``CLIENT UNBLOCK <id>`` (sent on the reader's normal
 pool, retried until the blocked call returns), so the new stream is included at once; where
@@ -47,6 +52,7 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import ResponseError
 
 from .._protocol.codec import parse_stream_id, to_text
+from .._protocol.errors import is_wrongtype
 from ..errors import ProtocolError
 from .event import Event, decode_event
 
@@ -158,6 +164,9 @@ class Watch:
         self._pending: deque[Event | BaseException] = deque()
         self._started = False
         self._done = False
+        # Terminal entries of earlier attempts (a later ``start`` follows them in the stream):
+        # yielded, but the watch goes on to the end of the job's last attempt.
+        self._superseded: set[str] = set()
 
     def __repr__(self) -> str:
         return f"<Watch job={self.job_id} last={self._last_id} done={self._done}>"
@@ -223,7 +232,7 @@ class Watch:
             if key <= self._last:
                 return None  # already yielded (history, catch-up and live overlap)
             self._last, self._last_id = key, item.id
-        if item.terminal:
+        if item.terminal and item.id not in self._superseded:
             self._finish()
         return item
 
@@ -235,13 +244,30 @@ class Watch:
         """Read the stream after the last yielded id, then (re)attach to the hub."""
         start = "-" if self._last_id is None else f"({self._last_id}"
         history = await self._read(start, "+")
+        self._mark_superseded(history)
         self._pending.extend(history)
-        if any(not isinstance(e, Event) or e.terminal for e in history):
+        if any(
+            not isinstance(e, Event) or (e.terminal and e.id not in self._superseded)
+            for e in history
+        ):
             return
         last = history[-1].id if history else (self._last_id or "0-0")  # type: ignore[union-attr]
         ahead = self._hub.attach(self._watcher, self.job_id, last)
         if ahead is not None:
-            self._pending.extend(await self._read(f"({last}", ahead))
+            catch_up = await self._read(f"({last}", ahead)
+            self._mark_superseded(catch_up)
+            self._pending.extend(catch_up)
+
+    def _mark_superseded(self, history: list[Event | BaseException]) -> None:
+        """Every terminal entry followed by a ``start`` (a later attempt) in ``history``."""
+        later_start = False
+        for item in reversed(history):
+            if not isinstance(item, Event):
+                continue
+            if item.kind == "start":
+                later_start = True
+            elif item.terminal and later_start:
+                self._superseded.add(item.id)
 
     async def _read(self, start: str, end: str) -> list[Event | BaseException]:
         out: list[Event | BaseException] = []
@@ -250,7 +276,7 @@ class Watch:
                 async with self._hub.slots:
                     page = await self._redis.xrange(self._key, min=start, max=end, count=_PAGE)
             except ResponseError as exc:
-                if "WRONGTYPE" in str(exc):
+                if is_wrongtype(exc):
                     raise ProtocolError(f"{self._key} is not a stream") from None
                 raise
             except UnicodeDecodeError:

@@ -2,6 +2,13 @@
 
 See ``watch.py`` for how watchers join without a gap or a duplicate, the liveness check and
 overflow; see ``routing.py`` for how streams are spread over the loops of a cluster.
+
+Servers without blocking reads (Upstash serves only non-blocking XREAD): when the server answers
+``XREAD … BLOCK`` with an error that says it will not serve it (:func:`refuses_blocking`: an
+``ERR`` reply, never WRONGTYPE, NOPERM or a transient READONLY/LOADING/MOVED…), or the hub
+was told so (``blocking=False``), the loop reads without BLOCK and pauses between empty reads on
+a :class:`Backoff` schedule (``poll`` growing to ``poll_cap``), reset by every entry that arrives
+and cut short when a watcher joins. Nothing is lost on the switch: the cursors are unchanged.
 """
 
 from __future__ import annotations
@@ -15,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import AskError, ClusterDownError, MovedError, ResponseError, TryAgainError
 
 from .._protocol.codec import TERMINAL_STATUSES, to_text
-from .._protocol.errors import is_redis_fault
+from .._protocol.errors import error_code, is_redis_fault, is_wrongtype, refuses_blocking
 from ..errors import ProtocolError
 from .backoff import Backoff
 from .event import Event, decode_event
@@ -50,10 +57,14 @@ class XReadLoop:
             routes each of those by key).
         name: the server's name (``host:port``; empty for a single Redis).
         block: XREAD BLOCK timeout in seconds (kept under the node client's socket timeout).
-        poll: on a cluster, seconds between polls of a node whose streams span several slots.
+        poll: on a cluster, seconds between polls of a node whose streams span several slots;
+            without blocking reads, the first pause after an empty read.
         liveness_interval: seconds between liveness checks of the followed jobs.
         count: XREAD COUNT per stream and call.
         clock: monotonic clock.
+        blocking: False: never send ``XREAD … BLOCK`` (poll from the start); True (default):
+            block, and fall back to polling if the server refuses.
+        poll_cap: without blocking reads, the longest pause between empty reads.
     """
 
     def __init__(
@@ -68,6 +79,8 @@ class XReadLoop:
         liveness_interval: float,
         count: int,
         clock: Callable[[], float],
+        blocking: bool = True,
+        poll_cap: float = 2.0,
     ) -> None:
         self._hub = hub
         self._node = node
@@ -94,6 +107,8 @@ class XReadLoop:
         self._sent: frozenset[str] = frozenset()
         self._next_liveness = 0.0
         self._poll_until = 0.0  # a slot of this node is migrating: poll, do not block
+        self.blocking = blocking  # False once the server refused XREAD BLOCK
+        self._pauses = Backoff(poll, max(poll, poll_cap), 1.5, 0.1)
         self.closed = False
         self.xreads = self.unblocks = self.checks = self.overflows = self.reroutes = 0
 
@@ -165,7 +180,7 @@ class XReadLoop:
                     backoff = backoff or Backoff(0.05, 2.0, 2.0, 0.1)
                     await asyncio.sleep(next(backoff))
                 except ResponseError as exc:
-                    if "WRONGTYPE" not in str(exc):
+                    if not is_wrongtype(exc):
                         raise
                     await self._fail_foreign_keys()
                 except UnicodeDecodeError:  # decode_responses and a foreign, non-UTF-8 entry
@@ -175,6 +190,11 @@ class XReadLoop:
                         raise
                     self._client_id = None
                     log.warning("jobpulse watch: XREAD failed, retrying: %r", exc)
+                    # A fresh connection from the pool: a Sentinel pool resolves the master
+                    # again only for those (redis-py reconnects a held one to its old address,
+                    # redis/redis-py#3874), so a held one would follow a dead master forever.
+                    await asyncio.shield(conn.aclose())
+                    conn = self._node.client()
                     if self.cluster:  # the node may be gone (failover): re-resolve
                         await self._hub.reroute(self)
                     backoff = backoff or Backoff(0.05, 2.0, 2.0, 0.1)
@@ -196,7 +216,7 @@ class XReadLoop:
 
     async def _step(self, conn: Any) -> None:
         groups = self._groups()
-        if len(groups) == 1 and self._clock() >= self._poll_until:
+        if self.blocking and len(groups) == 1 and self._clock() >= self._poll_until:
             await self._block(conn, groups[0])
         else:
             await self._poll_groups(groups)
@@ -215,13 +235,25 @@ class XReadLoop:
         return list(by_slot.values())
 
     async def _block(self, conn: Any, request: dict[str, str]) -> None:
-        if self._client_id is None:
-            self._client_id = int(await conn.client_id())
+        if self._client_id is None and self._unblock_allowed:
+            try:
+                self._client_id = int(await conn.client_id())
+            except ResponseError as exc:  # CLIENT ID refused: rely on the block timeout
+                if error_code(exc) not in ("ERR", "NOPERM"):
+                    raise
+                self._unblock_allowed = False
         self._sent = frozenset(request)
         self._reading = True
         self.xreads += 1
         try:
             reply = await conn.xread(request, count=self._count, block=self._block_ms)
+        except ResponseError as exc:
+            if not refuses_blocking(exc):
+                raise
+            # Upstash and the like: no blocking reads. Poll (same cursors: nothing is lost).
+            self.blocking = self._hub.blocking = False  # later loops of the hub poll too
+            log.warning("jobpulse watch: the server refused XREAD BLOCK (%s); polling", exc)
+            return
         finally:
             self._reading = False
             self._sent = frozenset()
@@ -248,10 +280,17 @@ class XReadLoop:
                 raise reply
             got |= bool(reply)
             self._deliver_reply(reply)
-        if not got:
+        if got:
+            self._pauses.reset()
+        else:
+            # Without blocking reads the pause grows while nothing happens (Backoff); on a
+            # cluster node spanning several slots it stays ``poll``.
+            pause = self._poll if self.blocking else next(self._pauses)
             with contextlib.suppress(TimeoutError):
-                async with asyncio.timeout(self._poll):
+                async with asyncio.timeout(pause):
                     await self._wake.wait()
+            if self._wake.is_set():  # a watcher joined: read its stream soon again
+                self._pauses.reset()
 
     def _deliver_reply(self, reply: Any) -> None:
         for key, entries in _entries(reply):

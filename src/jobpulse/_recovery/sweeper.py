@@ -1,18 +1,25 @@
 """The sweeper: find stale jobs through the running-jobs index and claim each exactly once.
 
 A sweep reads the server clock, takes from each index shard the entries whose deadline has
-passed (``ZRANGEBYSCORE shard -inf now LIMIT 0 batch``: O(log n + batch), never SCAN or KEYS)
+passed (``ZRANGE shard -inf now BYSCORE LIMIT 0 batch``: O(log n + batch), never SCAN or KEYS)
 and runs ``claim.lua`` on every candidate, all claims of a batch pipelined in one round trip.
 The index only names *candidates*; the claim script decides, atomically, on the job's own keys:
 
-* claimed (RUNNING, no liveness, no lease): the job is now LOST with a bumped fence and is
-  returned as a :class:`StaleJob`; its index entry is removed;
+* claimed (RUNNING, no liveness, no lease): the job is now LOST with a bumped fence and an
+  unacknowledged-claim marker, and is returned as a :class:`StaleJob`; its index entry STAYS,
+  re-scored to ``redeliver_after`` seconds from now;
+* claimed before and not acknowledged (:meth:`Sweeper.ack`) for ``redeliver_after``:
+  ``claim.lua`` answers the same claim again (same fence) and it is returned again (earlier,
+  it answers "come back then", and the entry is re-scored): a claim is made exactly
+  once and delivered at least once, by any sweeper process, until acknowledged. A sweep that
+  was cancelled or timed out, a crash, or a lost reply loses no claim;
 * not running (ended, unknown, or its snapshot expired): its index entry is removed;
 * alive (the worker still renews it; its index refresh was late): the entry is re-scored to
   when it could become stale at the earliest, so it is not re-checked on every sweep.
 
 Index entries are removed with ``unindex.lua``, which spares an entry re-scored since it was
-read (a new attempt of the job started meanwhile). Exactly once holds for any number of
+read (a new attempt of the job started meanwhile: ``enroll.lua`` always moves the score on).
+Exactly once holds for any number of
 sweepers in any number of processes because ``claim.lua`` checks RUNNING and writes LOST in one
 atomic script: a second claim of the same attempt sees LOST and answers "not running".
 """
@@ -26,18 +33,22 @@ import logging
 import math
 import os
 import random
+import secrets
 import socket
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from redis.exceptions import ConnectionError
+
 from .._protocol.codec import load_json
-from .._protocol.errors import is_noscript, is_redis_fault
+from .._protocol.errors import is_noscript, is_redis_fault, is_wrongtype
 from .._protocol.keys import KeySchema
-from .._protocol.scripts import SCRIPTS
+from .._protocol.scripts import SCRIPTS, evalsha
 from .._worker.ratelimit import RateLimitedLog
 from ..errors import InvalidJobId
+from .tally import MAX_KINDS, forget_ops
 
 __all__ = ["OnStale", "StaleJob", "Sweeper", "SweeperConfig", "SweeperStatistics"]
 
@@ -50,10 +61,15 @@ the future, so it cannot keep the front of the index busy."""
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class StaleJob:
-    """A stale job that this sweeper claimed: it is now LOST and nobody else got it.
+    """A stale job that a sweeper claimed: it is now LOST and the claim is made once.
 
     Start it again with ``heartbeat(redis, job.job_id, ...)``: the new attempt gets
     ``attempt + 1``, a higher fence and ``resume_from`` = :attr:`checkpoint`.
+
+    Delivery is at least once: until :meth:`Sweeper.ack` acknowledges it (``run()`` does after
+    ``on_stale`` returns) or a new attempt starts, the same claim (same ``job_id``, ``attempt``
+    and ``fence``) is returned again by a later sweep of any sweeper. ``(job_id, attempt)``
+    names the stale attempt, so a handler can be idempotent.
 
     Attributes:
         job_id: the job.
@@ -63,7 +79,8 @@ class StaleJob:
         claimed_at_ms: when the claim happened, in ms of the Redis server's clock.
         checkpoint: the details of the stale attempt's last checkpoint (decoded JSON), or None.
         snapshot: the job's snapshot fields as they were just before the claim (``status`` is
-            ``"RUNNING"``), decoded to ``str``.
+            ``"RUNNING"``), decoded to ``str``; on a redelivery, ``fence`` and ``seq`` are the
+            claim's.
     """
 
     job_id: str
@@ -97,11 +114,14 @@ class SweeperConfig:
         batch: candidates read (and claims pipelined) per index shard per round (>= 1).
         retention: seconds a claimed job's snapshot, stream and fence are kept (> 0).
         maxlen: the events stream cap for the ``stale`` entry (>= 1).
+        redeliver_after: seconds after which a claim nobody acknowledged is delivered again
+            (> 0).
     """
 
     batch: int = 100
     retention: float = 3600.0
     maxlen: int = 1000
+    redeliver_after: float = 60.0
 
     def __post_init__(self) -> None:
         for name in ("batch", "maxlen"):
@@ -111,6 +131,7 @@ class SweeperConfig:
             if value < 1:
                 raise ValueError(f"{name} must be >= 1, got {value!r}")
         _check_positive("retention", self.retention)
+        _check_positive("redeliver_after", self.redeliver_after)
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,7 +141,7 @@ class SweeperStatistics:
     Attributes:
         sweeps: completed sweeps.
         claimed: jobs claimed (returned as StaleJob).
-        alive: candidates found alive and re-scored.
+        alive: candidates found alive (or claimed, waiting for redelivery) and re-scored.
         dropped: candidates not running (ended or expired) whose entries were removed.
         errors: sweeps that failed on a Redis fault.
         round_trips: pipelines and single commands sent to Redis.
@@ -156,6 +177,8 @@ class Sweeper:
         batch: candidates read and claimed per shard per round trip (default 100).
         retention: seconds a claimed job's snapshot and stream are kept (default 3600).
         maxlen: the events stream cap (default 1000).
+        redeliver_after: seconds after which a claim that nobody acknowledged with :meth:`ack`
+            is returned again by a sweep (default 60).
         name: recorded in the LOST snapshot's ``error`` (default ``host:pid``).
         clock: a monotonic clock in seconds (for the loop's pacing and log rate limits).
 
@@ -173,11 +196,14 @@ class Sweeper:
         batch: int = 100,
         retention: float = 3600.0,
         maxlen: int = 1000,
+        redeliver_after: float = 60.0,
         name: str | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._schema = KeySchema(namespace, index_shards)
-        self._cfg = SweeperConfig(batch=batch, retention=retention, maxlen=maxlen)
+        self._cfg = SweeperConfig(
+            batch=batch, retention=retention, maxlen=maxlen, redeliver_after=redeliver_after
+        )
         self.name = name if name is not None else f"{socket.gethostname()}:{os.getpid()}"
         if not isinstance(self.name, str) or not 1 <= len(self.name) <= 200:
             raise ValueError(f"name must be a str of 1 to 200 characters, got {name!r}")
@@ -215,22 +241,26 @@ class Sweeper:
         a handful of round trips when nothing is stale.
 
         Returns:
-            The jobs this call claimed. Among all concurrent sweepers, each stale attempt of a
-            job is returned by exactly one call.
+            The jobs this call claimed, and claims made earlier that nobody acknowledged for
+            ``redeliver_after`` seconds. Each stale attempt is claimed exactly once among all
+            sweepers; call :meth:`ack` once a job is handled, or it is returned again.
 
         Raises:
             redis.exceptions.RedisError, OSError, TimeoutError: Redis failed before anything
                 was claimed. A fault after some claims is logged and the claimed jobs are
-                returned (their index entries are cleaned up by a later sweep).
+                returned. A sweep cancelled or timed out after claims loses nothing: the
+                claims stay in the index and a later sweep returns them.
         """
         claimed: list[StaleJob] = []
+        token = f"{self.name}:{secrets.token_hex(6)}"  # this call's: its replays are its own
         try:
             now_ms = await self._server_ms()
             pending = self._schema.indexes()
             while pending:
                 candidates = await self._read(pending, now_ms)
-                decided = await self._claim(candidates, now_ms)
+                decided = await self._claim(candidates, now_ms, token)
                 claimed += decided.claimed
+                await self._forget(decided, now_ms)
                 await self._cleanup(decided)
                 # Go on with a shard only when its batch was full and every entry of it left
                 # the range read (removed or re-scored); else a next read would see the same.
@@ -257,11 +287,12 @@ class Sweeper:
     async def _server_ms(self) -> int:
         self._round_trips += 1
         self._commands += 1
-        seconds, micros = await self._redis.time()
-        return int(seconds) * 1000 + int(micros) // 1000
+        # tally.lua: the server's clock, and the mark "a sweeper ran now" (sweep_ms)
+        keys = (self._schema.stats(), self._schema.claims_seen())
+        return int(await evalsha(self._redis, SCRIPTS.tally, keys, []))
 
     async def _read(self, shards: list[str], now_ms: int) -> dict[str, list[tuple[str, float]]]:
-        ops = [_zrangebyscore(shard, now_ms, self._cfg.batch) for shard in shards]
+        ops = [_zrange_byscore(shard, now_ms, self._cfg.batch) for shard in shards]
         replies = await self._execute(ops)
         out: dict[str, list[tuple[str, float]]] = {}
         for shard, reply in zip(shards, replies, strict=True):
@@ -270,12 +301,16 @@ class Sweeper:
             out[shard] = [(_text(entry[0]), float(entry[1])) for entry in reply]
         return out
 
-    async def _claim(self, candidates: dict[str, list[tuple[str, float]]], now_ms: int) -> _Round:
+    async def _claim(
+        self, candidates: dict[str, list[tuple[str, float]]], now_ms: int, token: str
+    ) -> _Round:
         decided = _Round()
         calls: list[tuple[str, str, float]] = []
         ops: list[Callable[[Any], object]] = []
         error = f"stale: no heartbeat within the lease; claimed by sweeper {self.name}"
-        args = [self._cfg.maxlen, math.ceil(self._cfg.retention * 1000), error]
+        redeliver_ms = math.ceil(self._cfg.redeliver_after * 1000)
+        args = [self._cfg.maxlen, math.ceil(self._cfg.retention * 1000), error, redeliver_ms]
+        args.append(token)
         for shard, entries in candidates.items():
             for member, score in entries:
                 try:
@@ -288,19 +323,26 @@ class Sweeper:
                 calls.append((shard, member, score))
                 ops.append(_evalsha(SCRIPTS.claim.sha, keys, args))
         replies = await self._execute(ops)
+        # A claim whose reply was lost (a cut connection; a cluster pipeline does not retry)
+        # is sent once more with the same token: claim.lua answers a replay with its claim.
+        lost = [i for i, reply in enumerate(replies) if isinstance(reply, ConnectionError)]
+        if lost:
+            again = await self._execute([ops[i] for i in lost])
+            for i, reply in zip(lost, again, strict=True):
+                replies[i] = reply
         for (shard, member, score), reply in zip(calls, replies, strict=True):
             if isinstance(reply, Exception):
                 # An error reply for this command only (other claims of the pipeline stand).
                 self._warn.warning("jobpulse sweeper: claim of %r failed: %r", member, reply)
-                if "WRONGTYPE" in str(reply):  # a foreign key: it will not heal by itself
+                if is_wrongtype(reply):  # a foreign key: it will not heal by itself
                     decided.rescore.setdefault(shard, {})[member] = now_ms + ERROR_BACKOFF_MS
                 else:  # OOM, READONLY, ...: try again on the next sweep
                     decided.unresolved.add(shard)
                 continue
             code = int(reply[0])
-            if code == 1:
+            if code == 1:  # a new claim, or one made earlier and never acknowledged
                 decided.claimed.append(_stale_job(member, reply))
-                decided.unindex.setdefault(shard, []).append((member, score))
+                decided.rescore.setdefault(shard, {})[member] = now_ms + redeliver_ms
             elif code == 0:
                 self._dropped += 1
                 decided.unindex.setdefault(shard, []).append((member, score))
@@ -309,6 +351,22 @@ class Sweeper:
                 left = int(reply[1]) if len(reply) > 1 else 0
                 decided.rescore.setdefault(shard, {})[member] = now_ms + max(left, 1)
         return decided
+
+    async def _forget(self, decided: _Round, now_ms: int) -> None:
+        """Drop claimed and ended jobs from the kind indexes and count the claims (see
+        ``tally.py``); on any failure keep every running entry, so a later sweep retries."""
+        claimed = {job.job_id for job in decided.claimed}
+        ended = [m for v in decided.unindex.values() for m, _ in v if m not in claimed]
+        kinds: list[str] = []
+        if ended:
+            self._round_trips += 1
+            self._commands += 1
+            kinds = [_text(k) for k in await self._redis.zrange(self._schema.kinds(), 0, MAX_KINDS)]
+        ops = forget_ops(self._schema, decided.claimed, ended, kinds, now_ms)
+        if any(isinstance(reply, Exception) for reply in await self._execute(ops)):
+            self._warn.warning("jobpulse sweeper: kind index cleanup failed; retried next sweep")
+            decided.unresolved.update(decided.unindex)
+            decided.unindex.clear()
 
     async def _cleanup(self, decided: _Round) -> None:
         ops: list[Callable[[Any], object]] = []
@@ -334,7 +392,7 @@ class Sweeper:
         replies = await self._pipeline(ops)
         redo = [i for i, reply in enumerate(replies) if is_noscript(reply)]
         if redo:
-            for script in (SCRIPTS.claim, SCRIPTS.unindex):
+            for script in (SCRIPTS.claim, SCRIPTS.unindex, SCRIPTS.tally):
                 self._round_trips += 1
                 self._commands += 1
                 await self._redis.script_load(script.text)
@@ -367,15 +425,18 @@ class Sweeper:
 
         ``async with sweeper.run(period=1.0, on_stale=restart): ...`` starts a background task
         that sweeps at once and then every period (with jitter, so many sweepers do not move in
-        lockstep), and hands each claimed job to ``on_stale``. An exception in the callback is
-        logged and the loop goes on; a Redis fault is logged (rate-limited) and the next sweep
-        tries again. Leaving the block lets the current sweep finish and deliver its jobs.
+        lockstep), and hands each claimed job to ``on_stale``, acknowledging it
+        (:meth:`ack`) once the callback returned. An exception in the callback is logged, the
+        job is not acknowledged (a later sweep, of any sweeper, delivers it again after
+        ``redeliver_after``) and the loop goes on; a Redis fault is logged (rate-limited) and
+        the next sweep tries again. A sweep abandoned at ``timeout`` loses no claim either.
+        Leaving the block lets the current sweep finish and deliver its jobs.
 
         Args:
             period: seconds between sweeps (> 0).
             on_stale: called with each :class:`StaleJob`, plain or coroutine function; the
                 loop awaits it, so a long job should be handed to another task. None only
-                marks stale jobs LOST (readers see them).
+                marks stale jobs LOST (readers see them) and acknowledges them.
             jitter: each pause is ``period`` times a random factor in ``1 ± jitter``
                 (0 <= jitter < 1).
             timeout: seconds one sweep may take before it is abandoned (> 0).
@@ -450,14 +511,46 @@ class Sweeper:
                         await stop.wait()
 
     async def _deliver(self, on_stale: OnStale | None, job: StaleJob) -> None:
-        if on_stale is None:
-            return
+        """Hand ``job`` to ``on_stale``; acknowledge it once that returned (a failing handler
+        gets the job again after ``redeliver_after``)."""
+        if on_stale is not None:
+            try:
+                result = on_stale(job)
+                if inspect.isawaitable(result):
+                    await result
+            except Exception:
+                log.exception("jobpulse sweeper: on_stale failed for job %s", job.job_id)
+                return
         try:
-            result = on_stale(job)
-            if inspect.isawaitable(result):
-                await result
-        except Exception:
-            log.exception("jobpulse sweeper: on_stale failed for job %s", job.job_id)
+            await self.ack(job)
+        except Exception as exc:
+            if not is_redis_fault(exc):
+                raise
+            self._warn.warning("jobpulse sweeper: ack of %s failed (redelivered): %r", job, exc)
+
+    async def ack(self, job: StaleJob) -> bool:
+        """Acknowledge a claimed job: it was handled, so no sweep returns it again.
+
+        :meth:`run` acknowledges each job once ``on_stale`` returned; users of :meth:`sweep`
+        call this themselves. Safe to call twice. A new attempt of the job (a new
+        ``heartbeat``) acknowledges it too.
+
+        Args:
+            job: a :class:`StaleJob` returned by :meth:`sweep` (of any sweeper).
+
+        Returns:
+            True when the claim is acknowledged (by this call, or before it: a replay gives
+            the same answer); False when there was nothing to acknowledge (a new attempt
+            started, or the job's snapshot expired).
+
+        Raises:
+            redis.exceptions.RedisError, OSError, TimeoutError: Redis failed; the claim stays
+                unacknowledged and is delivered again.
+        """
+        keys = self._schema.job(job.job_id).all()
+        self._round_trips += 1
+        self._commands += 1
+        return int(await evalsha(self._redis, SCRIPTS.ack, keys, [job.fence])) == 1
 
 
 # -- helpers (pure) ------------------------------------------------------------------------------
@@ -502,9 +595,10 @@ def _stale_job(job_id: str, reply: list[Any]) -> StaleJob:
     )
 
 
-def _zrangebyscore(shard: str, now_ms: int, batch: int) -> Callable[[Any], object]:
-    return lambda pipe: pipe.zrangebyscore(
-        shard, "-inf", now_ms, start=0, num=batch, withscores=True
+def _zrange_byscore(shard: str, now_ms: int, batch: int) -> Callable[[Any], object]:
+    # ZRANGE … BYSCORE (Redis 6.2+), not ZRANGEBYSCORE: deprecated, and not on every server.
+    return lambda pipe: pipe.zrange(
+        shard, "-inf", now_ms, byscore=True, offset=0, num=batch, withscores=True
     )
 
 

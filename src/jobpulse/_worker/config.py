@@ -3,12 +3,25 @@
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 
-__all__ = ["MAX_ERROR_CHARS", "MAX_STAGE_CHARS", "HeartbeatConfig", "check_stage"]
+__all__ = [
+    "MAX_ERROR_CHARS",
+    "MAX_KIND_CHARS",
+    "MAX_STAGE_CHARS",
+    "HeartbeatConfig",
+    "check_kind",
+    "check_stage",
+]
 
 MAX_STAGE_CHARS = 200
 """Stage names are 1 to 200 printable characters."""
+
+MAX_KIND_CHARS = 100
+"""A job kind is 0 to 100 characters of ``A-Z a-z 0-9 . _ - : /`` (``""``: no kind)."""
+
+_KIND = re.compile(rf"[A-Za-z0-9._\-:/]{{0,{MAX_KIND_CHARS}}}")
 
 MAX_ERROR_CHARS = 1000
 """A FAILED job's ``error`` (``"Type: message"``) is cut to this many characters."""
@@ -85,3 +98,19 @@ def check_stage(stage: object) -> str:
             f"stage must be 1 to {MAX_STAGE_CHARS} printable characters, got {stage[:50]!r}"
         )
     return stage
+
+
+def check_kind(kind: object) -> str:
+    """Return ``kind`` when it is 0 to 100 characters of ``A-Z a-z 0-9 . _ - : /``, else raise.
+
+    A kind names a class of jobs (``"report"``, a queue's task name): metrics aggregate by it, so
+    it must stay low-cardinality — never put a job id in it.
+    """
+    if not isinstance(kind, str):
+        raise TypeError(f"kind must be a str, got {type(kind).__name__}")
+    if _KIND.fullmatch(kind) is None:
+        raise ValueError(
+            f"kind must be 0 to {MAX_KIND_CHARS} characters of A-Z a-z 0-9 . _ - : /, "
+            f"got {kind[:50]!r}"
+        )
+    return kind

@@ -25,6 +25,7 @@ import socket
 import time
 from collections import deque
 from collections.abc import Callable
+from contextvars import Token
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -34,11 +35,13 @@ from .._protocol.errors import is_redis_fault
 from .._protocol.keys import KeySchema, check_job_id
 from .._protocol.scripts import SCRIPTS, evalsha
 from ..errors import JobBusy, JobCancelled, LeaseLost, LeaseLostCause, StateNotWritten
-from .config import MAX_ERROR_CHARS, HeartbeatConfig, check_stage
+from .config import MAX_ERROR_CHARS, HeartbeatConfig, check_kind, check_stage
+from .current import enter_current, leave_current
 from .lease import BeatOutcome, Lease, classify_beat
 from .progress import ProgressCell
 from .ratelimit import RateLimitedLog
 from .sampling import ProcessSample, RateWindow
+from .stats import WORKER_STATS, notify
 from .ticker import Ticker
 
 __all__ = ["HeartbeatStatistics", "JobHeartbeat", "heartbeat"]
@@ -68,6 +71,7 @@ class JobHeartbeat:
         attempt: 1 for a first run, n + 1 for a run that took over a STALE or LOST job.
         resume_from: the last checkpoint details of the previous attempt when it went STALE or
             LOST, else None.
+        kind: the job's kind (``""`` for none), as given to :func:`heartbeat`.
     """
 
     def __init__(
@@ -80,6 +84,7 @@ class JobHeartbeat:
         ttl: float = 6.0,
         namespace: str = "jobpulse",
         meta: Any = None,
+        kind: str = "",
         worker: str | None = None,
         stream_every: int = 10,
         maxlen: int = 1000,
@@ -111,6 +116,7 @@ class JobHeartbeat:
             raise ValueError(f"total must be >= 0, got {total}")
         self._total = total
         self._meta = "" if meta is None else dump_json(meta, limit=max_meta_bytes, name="meta")
+        self.kind = check_kind(kind)
         self._worker = worker if worker is not None else f"{socket.gethostname()}:{os.getpid()}"
         if not isinstance(self._worker, str) or not 1 <= len(self._worker) <= 200:
             raise ValueError("worker must be a str of 1 to 200 characters")
@@ -148,6 +154,8 @@ class JobHeartbeat:
         self._our_cancels = 0
         self._cancel_requested = False
         self._crash: BaseException | None = None
+        self._current: Token[JobHeartbeat | None] | None = None
+        self._index_score = 0  # the latest index deadline this worker wrote (server ms)
 
     # -- public API --------------------------------------------------------------------------
 
@@ -165,6 +173,7 @@ class JobHeartbeat:
         if name != self._stage:
             self._stage = name
             self._stage_changed = True
+            notify("stage", self.job_id, self.kind, {"stage": name})
 
     async def checkpoint(self, **details: Any) -> None:
         """Force a beat now that records ``details`` (JSON) as a ``checkpoint`` stream entry.
@@ -181,6 +190,7 @@ class JobHeartbeat:
         self._raise_if_lost()
         if not self._in_body:
             raise RuntimeError("checkpoint() is only allowed inside `async with heartbeat(...)`")
+        notify("checkpoint", self.job_id, self.kind, details)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._checkpoints.append((text, future))
         self._plan(self._clock())
@@ -213,35 +223,77 @@ class JobHeartbeat:
             raise
         ticker.add(self)
         self._in_body = True
+        self._current = enter_current(self)
         return self
 
     async def _acquire(self) -> None:
+        """Index the job, then take its lease (two steps: on a cluster the index shard and the
+        job's keys live in different slots, so no one script can do both).
+
+        The index entry goes first (``enroll.lua``, an intent record): a job is RUNNING only
+        after its entry exists, and ``acquire.lua`` refuses to start once that entry may have
+        been dropped, so every RUNNING job is findable by the sweeper from the moment it
+        exists. An entry whose acquire never ran is dropped by the sweeper ("not running").
+        Both scripts are safe to replay (redis-py retries after a connection error).
+        """
+        shard = self._schema.index_for(self.job_id)
+        horizon_ms = int(self._cfg.index_horizon * 1000)
         args = [self._token, self._cfg.ttl_ms, self._cfg.maxlen, self._worker]
-        args += [fmt_int(self._total), self._meta, ""]
+        args += [fmt_int(self._total), self._meta, "", self.kind]
         sent_at = self._clock()
-        async with asyncio.timeout(self._cfg.ttl):
-            reply = await evalsha(self._redis, SCRIPTS.acquire, self._keys, args)
-        if int(reply[0]) != 1:
+        step = "index the job"
+        try:
+            async with asyncio.timeout(self._cfg.ttl):
+                deadline = int(
+                    await evalsha(self._redis, SCRIPTS.enroll, (shard,), [self.job_id, horizon_ms])
+                )
+                step = "acquire its lease"
+                # The sweeper may drop the entry from its deadline on (if the job is not
+                # RUNNING by then): start no later, with a margin for skew between nodes.
+                latest = deadline - min(self._cfg.ttl_ms, horizon_ms // 4)
+                reply = await evalsha(self._redis, SCRIPTS.acquire, self._keys, [*args, latest])
+        except TimeoutError as exc:
+            raise TimeoutError(
+                f"job {self.job_id!r}: Redis did not answer in time (ttl={self._cfg.ttl} s) "
+                f"while trying to {step}; "
+                + (
+                    "nothing is running"
+                    if step == "index the job"
+                    else "the job was either not started, or started and indexed: if so it "
+                    "goes stale within ttl and a sweeper marks it LOST"
+                )
+            ) from exc
+        code = int(reply[0])
+        if code == 0:
             raise JobBusy(self.job_id)
+        if code != 1:
+            raise TimeoutError(
+                f"job {self.job_id!r}: the acquire reached Redis too late (after its index "
+                f"entry could have been dropped); nothing was started"
+            )
         self.fence, self.attempt, self._seq = int(reply[1]), int(reply[2]), int(reply[3])
         resume = reply[4].decode() if isinstance(reply[4], bytes) else reply[4]
         self.resume_from = load_json(resume)
         self._last_checkpoint = resume or ""
         self._started_ms = int(reply[5])
+        self._index_score = deadline
         self._lease = Lease(self._cfg.ttl, sent_at)
         # What every beat starts with, encoded once (redis-py passes bytes through as they are).
         head = (SCRIPTS.beat.sha, 5, *self._keys, self._token, self.fence, self._cfg.ttl_ms)
         self._beat_head = [str(x).encode() for x in head]
         self._due = sent_at + self._cfg.interval
         self._arm_expiry()
-        # Index the job at once: a worker that dies before its first beat is still found.
-        deadline = int(reply[5]) + int(self._cfg.index_horizon * 1000)
+        # The per-kind index (docs/protocol.md), scored by this attempt's start: best effort,
+        # like the metrics it serves (the running-jobs index above is what recovery needs).
         try:
-            await self._redis.zadd(self._schema.index_for(self.job_id), {self.job_id: deadline})
+            async with self._redis.pipeline(transaction=False) as pipe:
+                pipe.zadd(self._schema.kind_index(self.kind), {self.job_id: self._started_ms})
+                pipe.zadd(self._schema.kinds(), {self.kind: self._index_score})
+                await pipe.execute()
         except Exception as exc:
             if not is_redis_fault(exc):
                 raise
-            self._warn.warning("job %s: could not index the job yet: %r", self.job_id, exc)
+            self._warn.warning("job %s: could not index its kind yet: %r", self.job_id, exc)
 
     async def __aexit__(
         self,
@@ -251,6 +303,8 @@ class JobHeartbeat:
     ) -> None:
         self._in_body = False
         self._ended = True
+        leave_current(self._current)
+        self._current = None
         self._disarm_expiry()
         if self._ticker is not None:
             self._ticker.remove(self)
@@ -340,6 +394,7 @@ class JobHeartbeat:
                     raise
                 if self._clock() + delay >= deadline:
                     log.error("job %s: final state %s not written: %r", self.job_id, status, exc)
+                    WORKER_STATS.final_writes_failed += 1
                     return False
                 self._warn.warning("job %s: final write failed, retrying: %r", self.job_id, exc)
                 await asyncio.sleep(delay)
@@ -355,8 +410,18 @@ class JobHeartbeat:
         """Drop the job from the running-jobs index (best effort: a sweeper drops entries of
         ended jobs it meets, so a failure here costs one wasted claim attempt, never a job)."""
         try:
+            # Conditional (unindex.lua): only while the entry still holds a deadline this
+            # worker wrote; a new attempt's enroll always moves it past those.
+            shard = self._schema.index_for(self.job_id)
             async with asyncio.timeout(self._cfg.ttl), self._slot():
-                await self._redis.zrem(self._schema.index_for(self.job_id), self.job_id)
+                # The kind entry first: a failure keeps the running entry, and the sweeper that
+                # drops it drops the kind entry too. Only this attempt's entry (by started_ms).
+                by_kind = (self._schema.kind_index(self.kind),)
+                mine = [self.job_id, self._started_ms]
+                await evalsha(self._redis, SCRIPTS.unindex, by_kind, mine)
+                await evalsha(
+                    self._redis, SCRIPTS.unindex, (shard,), [self.job_id, self._index_score]
+                )
         except Exception as exc:
             if not is_redis_fault(exc):
                 raise
@@ -451,7 +516,7 @@ class JobHeartbeat:
 
     def _static_pairs(self) -> list[Any]:
         pairs: list[Any] = ["attempt", self.attempt, "worker", self._worker]
-        pairs += ["started_ms", self._started_ms, "meta", self._meta]
+        pairs += ["started_ms", self._started_ms, "meta", self._meta, "kind", self.kind]
         if self._last_checkpoint:
             pairs += ["checkpoint", self._last_checkpoint]
         return pairs
@@ -472,6 +537,7 @@ class JobHeartbeat:
         due = self._due + self._cfg.interval
         if due <= sent_at:  # late (a starved loop, a slow reply): no burst to catch up
             due = sent_at + self._cfg.interval
+            WORKER_STATS.beats_late += 1
         if outcome is BeatOutcome.SEQ_BEHIND:
             self._seq = max(self._seq, snapshot_seq)
             self._requeue(inflight)
@@ -499,6 +565,7 @@ class JobHeartbeat:
         if self._ended:
             return
         self._failed += 1
+        WORKER_STATS.beat_failures += 1
         self._requeue(inflight)
         self._plan(sent_at if at_once else sent_at + min(self._cfg.interval, 0.25))
         if not quiet:
@@ -526,6 +593,7 @@ class JobHeartbeat:
             self._on_lost()
 
     def _on_lost(self) -> None:
+        WORKER_STATS.lost((self._lease.lost or LeaseLostCause.EXPIRED).name.lower())
         log.warning("job %s: lease lost (%s); stopping the job", self.job_id, self._lease)
         error = LeaseLost(self.job_id, self._lease.lost or LeaseLostCause.EXPIRED)
         while self._checkpoints:
@@ -561,16 +629,22 @@ def heartbeat(redis: Any, job_id: str, **options: Any) -> JobHeartbeat:
         redis: a ``redis.asyncio.Redis`` or ``RedisCluster``.
         job_id: 1 to 200 characters of ``A-Z a-z 0-9 . _ - : /``.
         **options: ``total``, ``interval`` (1.0), ``ttl`` (6.0), ``namespace`` ("jobpulse"),
-            ``meta``, ``worker``, ``stream_every`` (10), ``maxlen`` (1000), ``retention``
-            (3600.0), ``max_meta_bytes`` and ``max_details_bytes`` (65536), ``final_timeout``
-            (30.0), ``index_every`` (10), ``index_shards`` (1) — see :class:`JobHeartbeat`.
+            ``meta``, ``kind`` (""), ``worker``, ``stream_every`` (10), ``maxlen`` (1000),
+            ``retention`` (3600.0), ``max_meta_bytes`` and ``max_details_bytes`` (65536),
+            ``final_timeout`` (30.0), ``index_every`` (10), ``index_shards`` (1) — see
+            :class:`JobHeartbeat`.
 
     Raises:
         InvalidJobId: the job id or namespace is invalid (before any Redis command).
         ValueError, TypeError: an option is out of range (before any Redis command).
         JobBusy: another live worker holds the job.
-        redis.exceptions.RedisError, TimeoutError: Redis did not answer the acquire within
-            ``ttl`` (nothing is running yet; retry later).
+        redis.exceptions.RedisError: Redis refused or failed the acquire; nothing is running
+            (a job that did start is indexed, goes stale within ``ttl`` and is marked LOST by
+            a sweeper).
+        TimeoutError: Redis did not answer within ``ttl``; the message says which step
+            (indexing or the lease) and what may have been left (at most an indexed job that
+            a sweeper marks LOST).
+            A late acquire (after its index entry could be gone) starts nothing and says so.
         LeaseLost: (on exit) the lease was lost; the job was stopped.
         JobCancelled: (on exit) the job was cancelled on request.
     """

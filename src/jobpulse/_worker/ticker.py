@@ -29,6 +29,7 @@ from .._protocol.errors import is_noscript, is_redis_fault
 from .._protocol.scripts import SCRIPTS
 from .ratelimit import RateLimitedLog
 from .sampling import ProcessSample, ProcessSampler
+from .stats import WORKER_STATS
 
 if TYPE_CHECKING:
     from .heartbeat import JobHeartbeat
@@ -115,6 +116,8 @@ class Ticker:
                 while self._jobs:
                     now = self._clock()
                     lag = 0.0 if intended is None else max(0.0, now - intended)
+                    if intended is not None:
+                        WORKER_STATS.lagged(lag)
                     due = self._take_due(now)
                     if due:
                         await self._dispatch(due, now, lag, sends)
@@ -183,9 +186,10 @@ class Ticker:
                     # execute_command: redis-py blocks pipe.evalsha() on RedisCluster pipelines
                     pipe.execute_command("EVALSHA", *args)
                 for key, members in index.items():
-                    pipe.zadd(key, members)
+                    pipe.zadd(key, members, gt=True)  # a deadline never moves back
                 results = await pipe.execute(raise_on_error=False)
             self.pipelines += 1
+            WORKER_STATS.beats += len(jobs)
         except Exception as exc:
             if not is_redis_fault(exc):
                 raise
@@ -193,9 +197,14 @@ class Ticker:
                 job._beat_failed(sent_at, exc, quiet=True)
             self._warn.warning("beats of %d job(s) failed, retrying: %r", len(jobs), exc)
             return
-        for result in results[len(jobs) :]:
+        for members, result in zip(index.values(), results[len(jobs) :], strict=True):
             if isinstance(result, Exception):  # an index refresh: the next one will retry
                 self._warn.warning("running-index refresh failed: %r", result)
+                continue
+            for job in jobs:  # what the job's conditional unindex may remove at its end
+                score = members.get(job.job_id)
+                if score is not None:
+                    job._index_score = max(job._index_score, score)
         noscript = False
         for job, result in zip(jobs, results, strict=False):
             if isinstance(result, Exception):
@@ -223,4 +232,7 @@ class Ticker:
                 continue
             deadline = (self._clock() + self._server_delta + job._cfg.index_horizon) * 1000
             out.setdefault(job._schema.index_for(job.job_id), {})[job.job_id] = int(deadline)
+            # the per-kind index and the kinds (docs/protocol.md) ride on the same refresh
+            out.setdefault(job._schema.kind_index(job.kind), {})[job.job_id] = job._started_ms
+            out.setdefault(job._schema.kinds(), {})[job.kind] = int(deadline)
         return out

@@ -192,7 +192,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = command(
         "serve",
         cmd_serve,
-        'Serve GET /jobs/{id} and its SSE events over HTTP (needs "jobpulse[http]").',
+        "Serve GET /jobs/{id}, its SSE events, the dashboard and GET /metrics over HTTP "
+        '(needs "jobpulse[http]"; /metrics needs "jobpulse[prometheus]").',
         "jobpulse serve --host 0.0.0.0 --port 8000",
     )
     p.add_argument("--host", default="127.0.0.1", help="the address to bind (127.0.0.1)")

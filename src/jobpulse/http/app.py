@@ -40,6 +40,7 @@ from .._reader.event import Event
 from .._reader.reader import StatusReader
 from .._reader.status import JobState, JobStatus
 from ..errors import InvalidJobId, ProtocolError
+from . import operate
 from .longpoll import Crowded, LongPollHub, parse_wait, until_disconnect
 from .retry import RETRY_MIN, cache_control, retry_after
 from .sse import EventStream, encode_event
@@ -117,14 +118,16 @@ def create_app(
 
     Routes: ``GET /`` (the dashboard), ``GET /jobs`` (running and stale jobs),
     ``GET /jobs/{job_id}`` (JSON status, ``ETag``, 304, ``Retry-After`` while it runs; with
-    ``?wait=N`` and ``If-None-Match``, a long poll), ``GET /jobs/{job_id}/events`` (SSE).
+    ``?wait=N`` and ``If-None-Match``, a long poll), ``GET /jobs/{job_id}/events`` (SSE),
+    ``GET /metrics`` (Prometheus, the ``prometheus`` extra), ``POST /jobs/{job_id}/cancel``.
     Mount it anywhere (``app.mount("/jobpulse", create_app(reader))``); the dashboard uses
     relative URLs. The reader stays the caller's: the app never closes it.
 
     Args:
         reader: the :class:`~jobpulse.StatusReader` every request goes through.
         authorize: ``authorize(request, job_id) -> bool`` (sync or async), asked for each job
-            a request would show; False answers 403 (and leaves the job out of ``GET /jobs``).
+            a request would show or cancel, and with ``""`` for ``GET /metrics``; False answers
+            403 (and leaves the job out of ``GET /jobs``).
         keepalive: seconds between ``: keep-alive`` comments on an idle event stream.
         retry: reconnection delay suggested to EventSource clients (``retry:``), in seconds.
         index_shards: the ``index_shards`` the workers use (for ``GET /jobs``).
@@ -158,6 +161,8 @@ def create_app(
             Route("/dashboard.css", service.static, methods=["GET"]),
             Route("/jobs", service.list_jobs, methods=["GET"]),
             Route("/jobs/{rest:path}", service.job, methods=["GET"]),
+            Route("/jobs/{rest:path}", service.cancel, methods=["POST"]),
+            Route("/metrics", service.metrics, methods=["GET"]),
         ],
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},
     )
@@ -202,9 +207,11 @@ def _failure(exc: Exception) -> Response:
 
 
 def etag_of(status: JobStatus) -> str:
-    """A weak ETag naming the snapshot version: fence, seq, and the state (STALE has the same
-    seq as the RUNNING it was)."""
-    return f'W/"{status.fence or 0}.{status.seq or 0}.{status.state.name}"'
+    """A weak ETag naming the snapshot version: fence, seq, the state (STALE has the same seq
+    as the RUNNING it was) and ``.cancel`` while a cancel request waits (``cancel.lua`` sets a
+    flag without a new seq). Fences grow over a job id's whole life, so no two runs share one."""
+    cancel = ".cancel" if status.cancel_requested else ""
+    return f'W/"{status.fence or 0}.{status.seq or 0}.{status.state.name}{cancel}"'
 
 
 def _matches(if_none_match: str, etag: str) -> bool:
@@ -297,6 +304,14 @@ class _Service:
         return headers
 
     # -- routes --
+
+    async def metrics(self, request: Request) -> Response:
+        """``GET /metrics`` (see ``operate.py``)."""
+        return await operate.metrics(self, request)
+
+    async def cancel(self, request: Request) -> Response:
+        """``POST /jobs/{job_id}/cancel`` (see ``operate.py``)."""
+        return await operate.cancel(self, request)
 
     async def dashboard(self, request: Request) -> Response:
         return Response(self.files["dashboard.html"], media_type=_MEDIA["html"])

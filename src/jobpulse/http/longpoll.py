@@ -19,7 +19,8 @@ so nothing would own a group. Each task lives exactly as long as requests are pa
 (the last one to leave cancels it) and is kept in ``self._jobs``, never dropped on the floor.
 
 Versions are ordered by ``(fence, seq)`` (the contract's order of a job id's writes over its
-whole life), then STALE after the RUNNING snapshot it was derived from. The hub keeps the newest
+whole life), then STALE after the RUNNING snapshot it was derived from, then a pending cancel
+request (a flag set without a new seq) — every change the app's ETag shows. The hub keeps the newest
 status it has seen (from its task or from a request joining), so reads that resume out of order
 never show a parked request an older version than the one it holds.
 
@@ -97,9 +98,11 @@ class LongPollStatistics:
     refused: int
 
 
-def version(status: JobStatus) -> tuple[int, int, bool]:
-    """The order of a job's snapshots: ``(fence, seq)``, then STALE after its RUNNING."""
-    return (status.fence or 0, status.seq or 0, status.state is JobState.STALE)
+def version(status: JobStatus) -> tuple[int, int, bool, bool]:
+    """The order of a job's snapshots: ``(fence, seq)``, then STALE after its RUNNING, then a
+    cancel request (``cancel.lua`` sets its flag without a new seq; the ETag shows it)."""
+    stale = status.state is JobState.STALE
+    return (status.fence or 0, status.seq or 0, stale, bool(status.cancel_requested))
 
 
 class _Job:

@@ -55,14 +55,39 @@ local function dynamic_pairs(args, first, old_done, now)
   return args
 end
 
--- XADD one checkpoint entry read back from the snapshot.
-local function add_event(maxlen, kind, details, now)
-  local h = redis.call('HMGET', KEYS[1], 'status', 'stage', 'done', 'total', 'seq', 'fence')
+--[[ The fence of a new attempt (acquire) or of a claim: above the stored counter and above the
+  snapshot's fence. When both are gone (retention expired, or a restart lost them) nothing of
+  the id's past can be read, so the fence starts at the server clock in microseconds, above
+  every fence an earlier run of the id could have had (earlier runs started from a smaller
+  clock, and a run adds one per attempt). So a job id's writes are ordered by (fence, seq) over
+  its whole life. Sets the counter and returns the fence. ]]
+local function next_fence(snapshot_fence)
+  local stored = tonumber(redis.call('GET', KEYS[5]))
+  local snap = tonumber(snapshot_fence)
+  local fence = math.max(stored or 0, snap or 0) + 1
+  if not stored and not snap then
+    local t = redis.call('TIME')
+    fence = math.max(fence, tonumber(t[1]) * 1000000 + tonumber(t[2]))
+  end
+  redis.call('SET', KEYS[5], fence)
+  return fence
+end
+
+-- XADD one checkpoint entry read back from the snapshot (with the attempt it belongs to;
+-- job_kind: the job's kind, on start entries).
+local function add_event(maxlen, kind, details, now, job_kind)
+  local h = redis.call('HMGET', KEYS[1], 'status', 'stage', 'done', 'total', 'seq', 'fence',
+                       'attempt')
   local entry = {'kind', kind, 'status', h[1] or '', 'stage', h[2] or '', 'done', h[3] or '',
-                 'total', h[4] or '', 'seq', h[5] or '', 'fence', h[6] or '', 'ts_ms', now}
+                 'total', h[4] or '', 'seq', h[5] or '', 'fence', h[6] or '',
+                 'attempt', h[7] or '', 'ts_ms', now}
   if details and details ~= '' then
     entry[#entry + 1] = 'details'
     entry[#entry + 1] = details
+  end
+  if job_kind and job_kind ~= '' then
+    entry[#entry + 1] = 'job_kind'
+    entry[#entry + 1] = job_kind
   end
   return redis.call('XADD', KEYS[2], 'MAXLEN', '~', maxlen, '*', unpack(entry))
 end

@@ -11,7 +11,9 @@
   Returns {code, cancel, now_ms, snapshot_seq}
     code  1 written; 2 written, lease re-taken after it expired; 3 written into an empty
           snapshot (a restart lost the data): the worker must resend its static fields;
-          0 lease renewed but the snapshot holds a seq >= ours (nothing else written);
+          0 lease renewed but the snapshot holds a seq > ours (nothing else written);
+          a replay of a beat that was written (same seq) answers as written (1, or 1 for a
+          first run that was 2 or 3), writing nothing again;
           -1 taken over; -2 fenced out (nothing written in either case)
     cancel 1 when a cancel was requested for the job
 ]]
@@ -28,7 +30,10 @@ local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local current = tonumber(h[1]) or 0
 local cancel = 0
 if h[2] == '1' then cancel = 1 end
-if seq <= current then return {0, cancel, now, current} end
+if seq < current then return {0, cancel, now, current} end
+-- Replay-safe: only this lease's owner writes seq while it holds the lease, so an equal seq is
+-- this very beat run again (a client retry after a lost reply): answer as the first run did.
+if seq == current then return {code, cancel, now, seq} end
 
 -- One HSET: the dynamic values (positional), seq, the times, and what a re-take restores.
 local args = dynamic_pairs({'seq', seq, 'heartbeat_ms', now}, 8, h[3], now)

@@ -1,5 +1,7 @@
 // jobpulse dashboard: a row per job, followed by EventSource, polled with Backoff when SSE fails.
 // Static, no build step. Every URL is relative, so the app can be mounted under any prefix.
+// A browser opens at most 6 connections per host (HTTP/1.1), so only MAX_FOLLOWED jobs (and the
+// one opened in the detail view) are followed live; the others refresh with the job list.
 "use strict";
 
 (function () {
@@ -7,11 +9,17 @@
   const LIST_EVERY_MS = 1000 * Number(params.get("refresh") || 2);
   const TRANSPORT = params.get("transport") === "poll" ? "poll" : "sse";
   const SSE_FAILURES = 2; // consecutive EventSource errors before switching to polling
+  const MAX_FOLLOWED = 4; // jobs followed live at once (EventSource or polling), beside the detail
+  const MAX_TIMELINE = 500; // events kept in the detail view
   const TERMINAL = new Set(["COMPLETED", "FAILED", "CANCELLED", "LOST"]);
   const KINDS = ["start", "stage", "beat", "checkpoint", "cancel", "end", "stale", "snapshot"];
   const base = location.pathname.endsWith("/") ? location.pathname : location.pathname + "/";
   const tbody = document.querySelector("#jobs tbody");
   const jobs = new Map();
+  const kinds = new Set();
+  const filter = { kind: params.get("kind") || "*", state: params.get("state") || "*" };
+  const $ = (id) => document.getElementById(id);
+  let detail = null; // { id, es, events: [] } of the job shown in the detail view
 
   // The documented polling schedule (jobpulse.Backoff): 0.5 s growing x1.5 up to 5 s, +-10 % jitter.
   class Backoff {
@@ -48,6 +56,7 @@
     tr.dataset.job = job.id;
     const cell = (cls) => { const td = document.createElement("td"); td.className = cls; tr.appendChild(td); return td; };
     cell("job").textContent = job.id;
+    cell("kind");
     const state = document.createElement("span");
     state.className = "state";
     cell("state-cell").appendChild(state);
@@ -90,9 +99,43 @@
     tr.querySelector(".rate").textContent = fmtRate(s.rate);
     tr.querySelector(".eta").textContent = TERMINAL.has(s.state) ? "–" : fmtDuration(s.eta);
     tr.querySelector(".memory").textContent = fmtBytes(s.rss_bytes);
+    tr.querySelector(".kind").textContent = s.kind || "–";
+    if (s.kind !== undefined && !kinds.has(s.kind)) addKind(s.kind);
+    tr.hidden = !shown(job);
     renderAge(job);
     summary();
+    if (detail && detail.id === job.id) renderDetail(job);
   }
+
+  // -- filters --
+
+  function shown(job) {
+    const s = job.status;
+    if (filter.kind !== "*" && (s.kind || "") !== filter.kind) return false;
+    if (filter.state === "*") return true;
+    if (filter.state === "ended") return TERMINAL.has(s.state);
+    return s.state === filter.state;
+  }
+
+  function addKind(kind) {
+    kinds.add(kind);
+    const select = $("kind-filter");
+    const option = document.createElement("option");
+    option.value = kind;
+    option.textContent = kind || "(no kind)";
+    const after = [...select.options].slice(1).find((o) => o.value > kind);
+    select.insertBefore(option, after || null);
+    if (filter.kind === kind) select.value = kind;
+  }
+
+  function applyFilters() {
+    for (const job of jobs.values()) if (job.tr) job.tr.hidden = !shown(job);
+    summary();
+  }
+
+  $("kind-filter").addEventListener("change", (e) => { filter.kind = e.target.value; applyFilters(); });
+  $("state-filter").addEventListener("change", (e) => { filter.state = e.target.value; applyFilters(); });
+  $("state-filter").value = filter.state;
 
   function renderAge(job) {
     if (!job.tr) return;
@@ -105,7 +148,10 @@
     const counts = {};
     for (const job of jobs.values()) counts[job.status.state] = (counts[job.status.state] || 0) + 1;
     const parts = Object.entries(counts).map(([k, v]) => v + " " + k.toLowerCase());
-    document.getElementById("summary").textContent = parts.length ? parts.join(", ") : "no jobs";
+    let visible = 0;
+    for (const job of jobs.values()) if (job.tr && !job.tr.hidden) visible += 1;
+    const showing = visible < jobs.size ? " · showing " + visible : "";
+    document.getElementById("summary").textContent = (parts.length ? parts.join(", ") : "no jobs") + showing;
     document.getElementById("empty").hidden = jobs.size > 0;
   }
 
@@ -139,6 +185,12 @@
   // again (a new attempt), a finished one never.
   function follow(job) {
     if (job.following || job.status.state !== "RUNNING") return;
+    let followed = 0;
+    for (const other of jobs.values()) if (other.following) followed += 1;
+    if (followed >= MAX_FOLLOWED) {
+      if (job.tr) job.tr.dataset.transport = job.transport = "list";
+      return;
+    }
     job.following = true;
     if (TRANSPORT === "poll" || typeof EventSource === "undefined") poll(job);
     else stream(job);
@@ -146,6 +198,7 @@
 
   function stream(job) {
     job.transport = "sse";
+    if (job.tr) job.tr.dataset.transport = "sse";
     const es = new EventSource(url(job.id, "/events"));
     job.es = es;
     let failures = 0;
@@ -214,6 +267,7 @@
   }
 
   function forget(job) {
+    if (detail && detail.id === job.id) closeDetail();
     if (job.es) job.es.close();
     clearTimeout(job.timer);
     if (job.tr) job.tr.remove();
@@ -236,7 +290,7 @@
       for (const s of body.jobs) {
         let job = jobs.get(s.job_id);
         if (!job) {
-          job = { id: s.job_id, status: null, ageBase: null, ageAt: 0, transport: TRANSPORT, following: false, es: null, etag: null };
+          job = { id: s.job_id, status: null, ageBase: null, ageAt: 0, transport: "list", following: false, es: null, etag: null };
           jobs.set(job.id, job);
         }
         applyStatus(job, s);
@@ -248,6 +302,148 @@
     }
     summary();
     setTimeout(refreshList, LIST_EVERY_MS);
+  }
+
+  // -- the detail view: fields, event timeline, rate sparkline, cancel --
+
+  tbody.addEventListener("click", (e) => {
+    const tr = e.target.closest("tr[data-job]");
+    if (tr && jobs.has(tr.dataset.job)) openDetail(jobs.get(tr.dataset.job));
+  });
+  $("detail-close").addEventListener("click", () => closeDetail());
+  document.addEventListener("keydown", (e) => { if (e.key === "Escape") closeDetail(); });
+
+  const FIELDS = [
+    ["state", "state"], ["kind", "kind"], ["stage", "stage"], ["done", "done"], ["total", "total"],
+    ["rate", "rate"], ["eta", "ETA"], ["attempt", "attempt"], ["fence", "fence"], ["worker", "worker"],
+    ["rss_bytes", "memory"], ["cpu_seconds", "CPU"], ["loop_lag", "loop lag"],
+    ["heartbeat_age", "heartbeat age"], ["progress_age", "progress age"], ["error", "error"], ["meta", "meta"],
+  ];
+
+  function fieldText(name, v) {
+    if (v === null || v === undefined || v === "") return "–";
+    if (name === "rate") return fmtRate(v);
+    if (name === "eta" || name === "heartbeat_age" || name === "progress_age" || name === "cpu_seconds") return fmtDuration(v);
+    if (name === "loop_lag") return (1000 * v).toFixed(1) + " ms";
+    if (name === "rss_bytes") return fmtBytes(v);
+    if (typeof v === "object") return JSON.stringify(v);
+    return String(v);
+  }
+
+  function renderDetail(job) {
+    const s = job.status;
+    const dl = $("detail-fields");
+    dl.replaceChildren();
+    for (const [name, label] of FIELDS) {
+      const dt = document.createElement("dt");
+      dt.textContent = label;
+      const dd = document.createElement("dd");
+      dd.dataset.field = name;
+      dd.textContent = fieldText(name, s[name]);
+      dl.append(dt, dd);
+    }
+    $("rate-now").textContent = s.rate === null || s.rate === undefined ? "" : "(now " + fmtRate(s.rate) + ")";
+    $("detail").dataset.state = s.state;
+    if (TERMINAL.has(s.state)) $("cancel").hidden = true;
+  }
+
+  function openDetail(job) {
+    closeDetail();
+    detail = { id: job.id, es: null, events: [] };
+    if (job.tr) job.tr.classList.add("selected");
+    $("detail-title").textContent = job.id;
+    $("timeline").replaceChildren();
+    $("cancel").hidden = true;
+    $("cancel").disabled = false;
+    $("cancel-result").textContent = "";
+    $("detail").hidden = false;
+    $("detail").dataset.job = job.id;
+    renderDetail(job);
+    mayCancel(detail);
+    const es = new EventSource(url(job.id, "/events"));
+    detail.es = es;
+    const mine = detail;
+    const onEvent = (e) => {
+      if (detail !== mine) return;
+      let data;
+      try { data = JSON.parse(e.data); } catch (_) { return; }
+      if (e.type !== "snapshot") addEvent(e.type, data);
+      if (e.type === "end" || e.type === "stale") { es.close(); refreshOne(job); }
+    };
+    for (const kind of KINDS) es.addEventListener(kind, onEvent);
+    es.addEventListener("fault", () => es.close());
+  }
+
+  function closeDetail() {
+    if (!detail) return;
+    if (detail.es) detail.es.close();
+    const job = jobs.get(detail.id);
+    if (job && job.tr) job.tr.classList.remove("selected");
+    detail = null;
+    $("detail").hidden = true;
+  }
+
+  async function mayCancel(d) {
+    if (TERMINAL.has((jobs.get(d.id) || { status: {} }).status.state)) return;
+    try {
+      const r = await fetch(url(d.id, "/cancel") + "?dry_run=1", { method: "POST", cache: "no-store" });
+      if (detail === d && r.ok) $("cancel").hidden = TERMINAL.has(jobs.get(d.id).status.state);
+    } catch (_) { /* no button */ }
+  }
+
+  $("cancel").addEventListener("click", async () => {
+    if (!detail) return;
+    const d = detail;
+    $("cancel").disabled = true;
+    let text;
+    try {
+      const r = await fetch(url(d.id, "/cancel"), { method: "POST", cache: "no-store" });
+      text = r.ok ? "cancel requested" : r.status === 409 ? "not running any more" : "refused (HTTP " + r.status + ")";
+    } catch (_) {
+      text = "cancel failed: server unavailable";
+      $("cancel").disabled = false;
+    }
+    if (detail === d) $("cancel-result").textContent = text;
+  });
+
+  function addEvent(kind, ev) {
+    detail.events.push(ev);
+    if (detail.events.length > MAX_TIMELINE) detail.events.shift();
+    const li = document.createElement("li");
+    li.className = "ev ev-" + kind;
+    const t = ev.ts ? new Date(ev.ts * 1000).toLocaleTimeString() : "";
+    let text = "";
+    if (kind === "stage" || kind === "start") text = ev.stage ? "stage " + ev.stage : "";
+    if (ev.done !== null && ev.done !== undefined) text += (text ? " · " : "") + ev.done + (ev.total ? " / " + ev.total : "");
+    if (ev.details) text += " " + JSON.stringify(ev.details);
+    if (kind === "end" || kind === "stale") text = (ev.status || "") + " " + text;
+    for (const [cls, value] of [["ev-time", t], ["ev-kind", kind], ["ev-text", text]]) {
+      const span = document.createElement("span");
+      span.className = cls;
+      span.textContent = value;
+      li.appendChild(span);
+    }
+    const list = $("timeline");
+    list.appendChild(li);
+    while (list.children.length > MAX_TIMELINE) list.firstChild.remove();
+    sparkline(detail.events);
+  }
+
+  // Items per second between consecutive stream entries (done and ts of each).
+  function sparkline(events) {
+    const pts = [];
+    for (let i = 1; i < events.length; i++) {
+      const a = events[i - 1], b = events[i];
+      const dt = b.ts - a.ts;
+      if (dt > 0 && a.done !== null && b.done !== null && a.done !== undefined && b.done !== undefined)
+        pts.push(Math.max(0, (b.done - a.done) / dt));
+    }
+    const line = document.querySelector("#sparkline polyline");
+    if (pts.length === 0) { line.setAttribute("points", ""); return; }
+    const max = Math.max(...pts) || 1;
+    const step = pts.length > 1 ? 400 / (pts.length - 1) : 0;
+    line.setAttribute("points", pts.map((r, i) => (i * step).toFixed(1) + "," + (58 - (54 * r) / max).toFixed(1)).join(" "));
+    $("sparkline").dataset.points = String(pts.length);
   }
 
   setInterval(() => { for (const job of jobs.values()) renderAge(job); }, 1000);

@@ -1,0 +1,241 @@
+"""Every script is safe to replay: a fault proxy forwards a command to Redis, then cuts the
+connection before the reply, and redis-py's default retry sends it again. The outcome must be
+the one a single call gives. On a single server and on the 3-master cluster (one proxy per
+node, the cluster client's ``address_remap`` sending it through them).
+
+Also: an acquire whose reply is late (the client gives up after ``ttl``) leaves nothing, or a
+job the sweeper finds, and says which.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+from collections.abc import AsyncIterator, Callable
+from contextlib import ExitStack
+from dataclasses import dataclass
+
+import pytest
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+
+from jobpulse import (
+    JobCancelled,
+    JobState,
+    StatusReader,
+    Sweeper,
+    heartbeat,
+    request_cancel,
+)
+from jobpulse._protocol.keys import KeySchema
+from jobpulse._protocol.scripts import SCRIPTS
+from jobpulse._provision import LocalCluster, RedisServer
+
+from ..support import eventually
+from .proxy import FaultProxy
+
+AnyRedis = aioredis.Redis | RedisCluster
+
+
+@dataclass
+class Replayed:
+    client: AnyRedis  # through the proxies: what the code under test uses
+    direct: AnyRedis  # what the test looks through
+    arm: Callable[[bytes, str, float | None], threading.Event]
+    """arm(marker, job_key, delay): the next command holding ``marker`` sent to the node of
+    ``job_key`` gets its reply dropped (delay None) or held ``delay`` seconds."""
+
+
+async def _load_scripts(*urls: str) -> None:
+    """Load every script on every node first: a NOSCRIPT reply would be the one dropped."""
+    for url in urls:
+        node = aioredis.Redis.from_url(url)
+        try:
+            for field in dataclasses.fields(SCRIPTS):
+                await node.script_load(getattr(SCRIPTS, field.name).text)
+        finally:
+            await node.aclose()
+
+
+@pytest.fixture(params=["single", "cluster"])
+async def replayed(request: pytest.FixtureRequest, ns: str) -> AsyncIterator[Replayed]:
+    with ExitStack() as stack:
+        if request.param == "single":
+            server = stack.enter_context(RedisServer())
+            proxy = stack.enter_context(FaultProxy(server.port))
+            # The constructor's defaults (from_url sets no retry): 3 retries on ConnectionError.
+            client: AnyRedis = aioredis.Redis(host="127.0.0.1", port=proxy.port)
+            direct: AnyRedis = aioredis.Redis.from_url(server.url)
+            await _load_scripts(server.url)
+
+            def arm(marker: bytes, key: str, delay: float | None) -> threading.Event:
+                if delay is None:
+                    return proxy.drop_reply_once(marker)
+                return proxy.delay_reply_once(marker, delay)
+
+        else:
+            cluster: LocalCluster = request.getfixturevalue("redis_cluster")
+            proxies = {p: stack.enter_context(FaultProxy(p)) for p in cluster.ports}
+
+            def remap(address: tuple[str, int]) -> tuple[str, int]:
+                _host, port = address
+                return ("127.0.0.1", proxies[port].port) if port in proxies else address
+
+            first = proxies[cluster.ports[0]]
+            client = RedisCluster.from_url(first.url, address_remap=remap)
+            await client.initialize()
+            direct = RedisCluster.from_url(cluster.url)
+            await direct.initialize()
+            await _load_scripts(*(f"redis://127.0.0.1:{p}/0" for p in cluster.ports))
+
+            def arm(marker: bytes, key: str, delay: float | None) -> threading.Event:
+                node = direct.get_node_from_key(key)  # type: ignore[union-attr]
+                proxy = proxies[node.port]
+                if delay is None:
+                    return proxy.drop_reply_once(marker)
+                return proxy.delay_reply_once(marker, delay)
+
+        try:
+            yield Replayed(client, direct, arm)
+        finally:
+            await client.aclose()
+            keys = [k async for k in direct.scan_iter(match=f"{ns}:*", count=1000)]
+            for key in keys:
+                await direct.delete(key)
+            await direct.aclose()
+
+
+async def _kinds(direct: AnyRedis, events: str) -> list[bytes]:
+    return [e[1][b"kind"] for e in await direct.xrange(events) if e[1][b"kind"] != b"beat"]
+
+
+async def test_acquire_and_finish_replayed_give_the_same_outcome(
+    replayed: Replayed, ns: str
+) -> None:
+    client, direct = replayed.client, replayed.direct
+    keys = KeySchema(ns).job("replay")
+    lost_acquire = replayed.arm(SCRIPTS.acquire.sha.encode(), keys.state, None)
+    async with heartbeat(client, "replay", namespace=ns, interval=30, ttl=60) as hb:
+        assert lost_acquire.is_set()  # the first acquire ran; its reply was lost
+        assert hb.attempt == 1  # the retry answered the same attempt (not JobBusy)
+        assert int(await direct.hget(keys.state, "fence")) == hb.fence
+        lost_finish = replayed.arm(SCRIPTS.finish.sha.encode(), keys.state, None)
+    assert lost_finish.is_set()  # no StateNotWritten: the retry found its own final write
+    assert await _kinds(direct, keys.events) == [b"start", b"end"]
+    assert await direct.hget(keys.state, "status") == b"COMPLETED"
+    assert await direct.hget(keys.state, "attempt") == b"1"
+
+
+# A cluster pipeline does not retry after a connection error (redis-py hands the error back),
+# so there a lost beat reply is the worker's own retry with a new seq, not a replay; beat.lua's
+# replay itself is tested on the cluster in tests/integration/test_seams_protocol.py.
+@pytest.mark.parametrize("replayed", ["single"], indirect=True)
+async def test_a_beat_replayed_by_the_client_retry_is_written_once(
+    replayed: Replayed, ns: str
+) -> None:
+    client, direct = replayed.client, replayed.direct
+    keys = KeySchema(ns).job("beat")
+    async with heartbeat(client, "beat", namespace=ns, interval=30, ttl=60) as hb:
+        lost_beat = replayed.arm(SCRIPTS.beat.sha.encode(), keys.state, None)
+        await hb.checkpoint(step=1)
+        assert lost_beat.is_set()
+        assert hb.statistics().beats_failed == 0  # the retry's reply was "written"
+    assert await _kinds(direct, keys.events) == [b"start", b"checkpoint", b"end"]
+
+
+async def test_cancel_replayed_gives_the_same_outcome(replayed: Replayed, ns: str) -> None:
+    client, direct = replayed.client, replayed.direct
+    keys = KeySchema(ns).job("cancel")
+    with pytest.raises(JobCancelled):
+        async with heartbeat(client, "cancel", namespace=ns, interval=0.1, ttl=5):
+            lost = replayed.arm(SCRIPTS.cancel.sha.encode(), keys.state, None)
+            assert await request_cancel(client, "cancel", namespace=ns) is True
+            assert lost.is_set()
+            await eventually(lambda: _never(), within=10)
+    assert await _kinds(direct, keys.events) == [b"start", b"cancel", b"end"]
+    assert await direct.hget(keys.state, "status") == b"CANCELLED"
+
+
+async def _never() -> bool:
+    return False
+
+
+async def test_claim_and_ack_replayed_give_the_same_outcome(replayed: Replayed, ns: str) -> None:
+    client, direct = replayed.client, replayed.direct
+    schema = KeySchema(ns)
+    keys = schema.job("stale")
+    seconds, _ = await direct.time()
+    await direct.hset(keys.state, mapping={"status": "RUNNING", "seq": 3, "fence": 7, "attempt": 1})
+    await direct.set(keys.fence, 7)
+    await direct.zadd(schema.index_for("stale"), {"stale": (seconds - 10) * 1000})
+    sweeper = Sweeper(client, namespace=ns)
+    lost_claim = replayed.arm(SCRIPTS.claim.sha.encode(), keys.state, None)
+    (job,) = await sweeper.sweep()
+    assert lost_claim.is_set()
+    assert (job.job_id, job.attempt, job.fence) == ("stale", 1, 8)  # claimed once
+    assert await direct.get(keys.fence) == b"8"
+    assert await _kinds(direct, keys.events) == [b"stale"]
+    lost_ack = replayed.arm(SCRIPTS.ack.sha.encode(), keys.state, None)
+    assert await sweeper.ack(job) is True
+    assert lost_ack.is_set()
+    assert await direct.hget(keys.state, "claim") is None
+
+
+async def test_many_jobs_entered_at_once_on_a_fresh_client_none_busy(
+    replayed: Replayed, ns: str
+) -> None:
+    """Twelve jobs entered together (the issue saw 2 JobBusy on a fresh RedisCluster): with
+    the first acquire's reply lost on top, every job starts, each once."""
+    import asyncio
+
+    client, direct = replayed.client, replayed.direct
+    replayed.arm(SCRIPTS.acquire.sha.encode(), KeySchema(ns).state("m0"), None)
+
+    async def one(i: int) -> int:
+        async with heartbeat(client, f"m{i}", namespace=ns, interval=30, ttl=60) as hb:
+            return hb.attempt
+
+    assert await asyncio.gather(*(one(i) for i in range(12))) == [1] * 12
+    for i in range(12):
+        assert await _kinds(direct, KeySchema(ns).events(f"m{i}")) == [b"start", b"end"]
+
+
+# -- a late acquire leaves nothing, or a findable job -----------------------------------------
+
+
+async def test_an_acquire_whose_reply_is_late_leaves_a_job_the_sweeper_finds(
+    replayed: Replayed, ns: str
+) -> None:
+    client, direct = replayed.client, replayed.direct
+    keys = KeySchema(ns).job("late")
+    replayed.arm(SCRIPTS.acquire.sha.encode(), keys.state, 1.0)
+    with pytest.raises(TimeoutError, match=r"'late'.*acquire its lease.*sweeper marks it LOST"):
+        async with heartbeat(client, "late", namespace=ns, interval=0.05, ttl=0.3):
+            pytest.fail("the body must not run")
+    assert await direct.hget(keys.state, "status") == b"RUNNING"  # Redis ran it
+    sweeper = Sweeper(direct, namespace=ns)
+    (job,) = await eventually(sweeper.sweep, within=10)  # findable: it was indexed first
+    assert (job.job_id, job.attempt) == ("late", 1)
+    reader = StatusReader(direct, namespace=ns, cache_ttl=0)
+    try:
+        assert (await reader.get("late")).state is JobState.LOST
+    finally:
+        await reader.aclose()
+
+
+async def test_an_index_write_whose_reply_is_late_leaves_nothing_running(
+    replayed: Replayed, ns: str
+) -> None:
+    client, direct = replayed.client, replayed.direct
+    schema = KeySchema(ns)
+    replayed.arm(SCRIPTS.enroll.sha.encode(), schema.index_for("early"), 1.0)
+    with pytest.raises(TimeoutError, match=r"'early'.*index the job; nothing is running"):
+        async with heartbeat(client, "early", namespace=ns, interval=0.05, ttl=0.3):
+            pytest.fail("the body must not run")
+    assert not await direct.exists(schema.state("early"))
+    await eventually(lambda: _unindexed(direct, schema, "early"), within=10)
+
+
+async def _unindexed(direct: AnyRedis, schema: KeySchema, job_id: str) -> bool:
+    await Sweeper(direct, namespace=schema.namespace).sweep()  # drops an entry with no job
+    return await direct.zscore(schema.index_for(job_id), job_id) is None

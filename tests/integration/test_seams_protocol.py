@@ -1,0 +1,321 @@
+"""Issue 12, protocol side: a job id's identity across runs, attempts in the stream, claims
+delivered until acknowledged, and the index written before the acquire. Each test runs on a
+single Redis and on the 3-master cluster (``client``)."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+
+from jobpulse import Event, JobState, StaleJob, StatusReader, Sweeper, heartbeat
+from jobpulse._protocol.keys import KeySchema
+from jobpulse._protocol.scripts import SCRIPTS, evalsha
+from jobpulse.http.app import etag_of
+
+from ..support import eventually, spawn_worker, stop, url_of
+
+AnyRedis = aioredis.Redis | RedisCluster
+
+
+async def _gone(client: AnyRedis, *keys: str) -> bool:
+    return all([not await client.exists(key) for key in keys])
+
+
+async def _stale_job(client: AnyRedis, ns: str, job_id: str) -> None:
+    """A job whose worker process was SIGKILLed: RUNNING, indexed, liveness gone (STALE)."""
+    proc = spawn_worker(url_of(client), ns, job_id, 0.3)
+    stop(proc)
+    reader = StatusReader(client, namespace=ns, cache_ttl=0)
+    try:
+        await eventually(lambda: _state_is(reader, job_id, JobState.STALE), within=10)
+    finally:
+        await reader.aclose()
+
+
+async def _claim(sweeper: Sweeper) -> StaleJob:
+    """The one job a sweep claims once the stale job's index deadline has passed."""
+    (job,) = await eventually(sweeper.sweep, within=10)
+    return job
+
+
+async def _state_is(reader: StatusReader, job_id: str, state: JobState) -> bool:
+    return (await reader.get(job_id)).state is state
+
+
+# -- 1. identity across runs ----------------------------------------------------------------------
+
+
+async def test_a_rerun_after_retention_is_newer_than_the_run_before(
+    client: AnyRedis, ns: str
+) -> None:
+    keys = KeySchema(ns).job("rerun")
+    reader = StatusReader(client, namespace=ns, cache_ttl=0)  # long-lived: it saw run 1
+    try:
+        async with heartbeat(
+            client, "rerun", namespace=ns, retention=0.5, interval=30, ttl=60
+        ) as hb:
+            for i in range(20):
+                await hb.checkpoint(step=i)
+        first = await reader.get("rerun")
+        assert first.state is JobState.COMPLETED
+        assert first.seq is not None
+        assert first.seq >= 22  # 1 + 20 checkpoints + the end (+ a beat a NOSCRIPT refused)
+        await eventually(lambda: _gone(client, keys.state, keys.fence), within=10)
+
+        with pytest.raises(OSError, match="disk full"):
+            async with heartbeat(client, "rerun", namespace=ns, retention=60) as hb:
+                raise OSError("disk full")
+        second = await reader.get("rerun")
+        assert second.state is JobState.FAILED
+        assert second.error == "OSError: disk full"
+        assert second.seq is not None
+        assert second.seq < 22
+        assert second.fence is not None
+        assert first.fence is not None
+        assert second.fence > first.fence
+        assert etag_of(second) != etag_of(first)
+    finally:
+        await reader.aclose()
+
+
+async def test_a_cancel_request_changes_the_etag_at_once(client: AnyRedis, ns: str) -> None:
+    from jobpulse import request_cancel
+
+    reader = StatusReader(client, namespace=ns, cache_ttl=0)
+    try:
+        async with heartbeat(client, "etag", namespace=ns, interval=30, ttl=60) as hb:
+            before = etag_of(await reader.get("etag"))
+            assert await request_cancel(client, "etag", namespace=ns)
+            after = await reader.get("etag")
+            assert after.cancel_requested is True
+            assert after.seq == hb.statistics().seq  # no beat in between: the same version
+            assert etag_of(after) != before
+    finally:
+        await reader.aclose()
+
+
+# -- 2. and 3. attempts in the stream; history kept on resume ------------------------------------
+
+
+async def test_watch_follows_the_current_attempt_past_an_earlier_stale_entry(
+    client: AnyRedis, ns: str
+) -> None:
+    await _stale_job(client, ns, "again")
+    claimed = await _claim(Sweeper(client, namespace=ns))
+    reader = StatusReader(client, namespace=ns, cache_ttl=0)
+    seen: list[Event] = []
+
+    async def follow() -> None:
+        async for event in reader.watch("again"):  # no last_event_id: from the stream's start
+            seen.append(event)
+
+    try:
+        async with heartbeat(client, "again", namespace=ns, interval=0.1, ttl=1) as hb:
+            watcher = asyncio.create_task(follow())
+            await eventually(
+                lambda: _true(any(e.kind == "start" and e.fence == hb.fence for e in seen))
+            )
+            assert not watcher.done()  # the earlier attempt's `stale` entry did not end it
+            await hb.checkpoint(step=1)
+        await asyncio.wait_for(watcher, 10)
+    finally:
+        await reader.aclose()
+    kinds = [(e.kind, e.attempt) for e in seen if e.kind != "beat"]
+    assert kinds == [
+        ("start", 1),
+        ("stale", 1),
+        ("start", 2),
+        ("checkpoint", None),
+        ("end", 2),
+    ]
+    assert seen[1].fence == claimed.fence
+    assert {e.fence for e in seen[2:]} == {hb.fence}
+    assert seen[-1].status == "COMPLETED"
+
+
+async def _true(value: bool) -> bool:
+    return value
+
+
+async def test_resume_without_a_checkpoint_keeps_the_job_history(client: AnyRedis, ns: str) -> None:
+    keys = KeySchema(ns).job("history")
+    await _stale_job(client, ns, "history")
+    await _claim(Sweeper(client, namespace=ns))
+    async with heartbeat(client, "history", namespace=ns) as hb:
+        assert hb.attempt == 2
+        assert hb.resume_from is None  # the dead attempt never checkpointed
+    entries = [(e[1][b"kind"], e[1][b"attempt"]) for e in await client.xrange(keys.events)]
+    entries = [e for e in entries if e[0] != b"beat"]
+    assert entries == [
+        (b"start", b"1"),
+        (b"stale", b"1"),
+        (b"start", b"2"),
+        (b"end", b"2"),
+    ]
+
+
+async def test_a_fresh_start_after_a_terminal_run_appends_to_the_stream(
+    client: AnyRedis, ns: str
+) -> None:
+    keys = KeySchema(ns).job("fresh")
+    async with heartbeat(client, "fresh", namespace=ns) as first:
+        pass
+    async with heartbeat(client, "fresh", namespace=ns) as second:
+        pass
+    entries = [(e[1][b"kind"], int(e[1][b"fence"])) for e in await client.xrange(keys.events)]
+    assert entries == [
+        (b"start", first.fence),
+        (b"end", first.fence),
+        (b"start", second.fence),
+        (b"end", second.fence),
+    ]
+    assert second.fence > first.fence
+
+
+# -- 4. claims: exactly once, delivered at least once ----------------------------------------
+
+
+async def test_a_claim_whose_reply_was_lost_is_returned_by_a_later_sweep(
+    client: AnyRedis, ns: str
+) -> None:
+    await _stale_job(client, ns, "lost-reply")
+    keys = KeySchema(ns).job("lost-reply")
+    # What a sweeper sends; its reply never reaches anyone (a crash, a cut link, a cancelled
+    # sweep): the job is LOST in Redis, and no StaleJob was handed out.
+    first = await evalsha(
+        client, SCRIPTS.claim, keys.all(), [1000, 60_000, "stale: test", 0, "gone-sweeper"]
+    )
+    assert first[0] == 1
+    job = await _claim(Sweeper(client, namespace=ns))  # another sweeper, later
+    assert (job.job_id, job.attempt, job.fence) == ("lost-reply", 1, first[1])
+    assert job.snapshot["status"] == "RUNNING"
+
+
+async def test_an_unacknowledged_claim_is_delivered_again_by_any_sweeper(
+    client: AnyRedis, ns: str
+) -> None:
+    await _stale_job(client, ns, "unacked")
+    one = Sweeper(client, namespace=ns, redeliver_after=0.3)
+    two = Sweeper(client, namespace=ns, redeliver_after=0.3)
+    job = await _claim(one)
+    assert await two.sweep() == []  # not before redeliver_after
+    again: list[StaleJob] = await eventually(two.sweep, within=5)
+    assert [(j.job_id, j.attempt, j.fence, j.claimed_at_ms) for j in again] == [
+        (job.job_id, job.attempt, job.fence, job.claimed_at_ms)
+    ]
+    assert await two.ack(again[0]) is True
+    assert await one.ack(job) is True  # acknowledged already: the same answer
+    await asyncio.sleep(0.4)
+    assert await one.sweep() == []
+    shard = KeySchema(ns).index_for("unacked")
+    assert await client.zscore(shard, "unacked") is None  # dropped by that sweep
+
+
+async def test_run_redelivers_a_job_whose_handler_failed_and_acks_it_once_handled(
+    client: AnyRedis, ns: str
+) -> None:
+    await _stale_job(client, ns, "handler")
+    calls: list[tuple[str, int]] = []
+    handled = asyncio.Event()
+
+    async def on_stale(job: StaleJob) -> None:
+        calls.append((job.job_id, job.attempt))
+        if len(calls) == 1:
+            raise RuntimeError("handler failed")
+        handled.set()
+
+    sweeper = Sweeper(client, namespace=ns, redeliver_after=0.2)
+    async with sweeper.run(period=0.05, on_stale=on_stale):
+        await asyncio.wait_for(handled.wait(), 10)
+        await asyncio.sleep(0.5)  # more sweeps, after redeliver_after: nothing more arrives
+    assert calls == [("handler", 1), ("handler", 1)]
+    keys = KeySchema(ns).job("handler")
+    assert await client.hget(keys.state, "claim") is None
+
+
+async def test_a_new_attempt_acknowledges_the_claim(client: AnyRedis, ns: str) -> None:
+    await _stale_job(client, ns, "restart")
+    sweeper = Sweeper(client, namespace=ns, redeliver_after=0.2)
+    job = await _claim(sweeper)
+    async with heartbeat(client, "restart", namespace=ns, interval=0.1, ttl=1) as hb:
+        assert hb.attempt == job.attempt + 1
+        await asyncio.sleep(0.4)
+        assert await sweeper.sweep() == []  # RUNNING and alive: not delivered again
+    assert await sweeper.ack(job) is False
+
+
+# -- 5. and 6. the running-jobs index --------------------------------------------------------
+
+
+async def test_the_index_entry_exists_before_the_job_is_running(client: AnyRedis, ns: str) -> None:
+    schema = KeySchema(ns)
+    shard = schema.index_for("intent")
+    # An acquire that reaches Redis after its index entry could be gone starts nothing.
+    keys = schema.job("intent")
+    deadline = int(await evalsha(client, SCRIPTS.enroll, (shard,), ["intent", 1000]))
+    late = [b"tok", 1000, 100, "w", "", "", "", "", deadline - 2000]  # its latest start: passed
+    assert await evalsha(client, SCRIPTS.acquire, keys.all(), late) == [-1]
+    assert not await client.exists(keys.state)
+    # The sweeper drops an entry whose acquire never ran.
+    await client.zadd(shard, {"intent": 1})
+    assert await Sweeper(client, namespace=ns).sweep() == []
+    assert await client.zscore(shard, "intent") is None
+    # A job that runs is indexed with a deadline ahead of the server clock.
+    async with heartbeat(client, "intent", namespace=ns, interval=0.1, ttl=1):
+        seconds, _ = await client.time()
+        score = await client.zscore(shard, "intent")
+        assert score is not None
+        assert score > seconds * 1000
+
+
+async def test_enroll_always_moves_the_deadline_on(client: AnyRedis, ns: str) -> None:
+    shard = KeySchema(ns).index(0)
+    await client.zadd(shard, {"job": 10**13})  # an entry far ahead (an earlier attempt's)
+    deadline = await evalsha(client, SCRIPTS.enroll, (shard,), ["job", 1000])
+    assert deadline == 10**13 + 1
+    assert await client.zscore(shard, "job") == 10**13 + 1
+
+
+async def test_a_finishing_worker_spares_the_index_entry_of_a_new_attempt(
+    client: AnyRedis, ns: str
+) -> None:
+    schema = KeySchema(ns)
+    shard = schema.index_for("race")
+    async with heartbeat(client, "race", namespace=ns, interval=0.1, ttl=1) as hb:
+        # A new attempt's enroll (as after this worker's end) lands before our unindex.
+        mine = await client.zscore(shard, "race")
+        assert mine is not None
+        await evalsha(client, SCRIPTS.enroll, (shard,), ["race", 1])
+        hb.progress.advance()
+    score = await client.zscore(shard, "race")
+    assert score is not None
+    assert score > mine
+    async with heartbeat(client, "race2", namespace=ns, interval=0.1, ttl=1):
+        pass
+    assert await client.zscore(schema.index_for("race2"), "race2") is None  # ours: removed
+
+
+# -- 8. replay of a beat (the proxy tests are in tests/faults/test_replay.py) ------------------
+
+
+async def test_a_replayed_beat_answers_as_written_and_writes_nothing_again(
+    client: AnyRedis, ns: str
+) -> None:
+    keys = KeySchema(ns).job("beat")
+    ok = await evalsha(
+        client, SCRIPTS.acquire, keys.all(), ["tok", 60_000, 100, "w", "", "", "", ""]
+    )
+    fence, seq = ok[1], ok[3] + 1
+    args = ["tok", fence, 60_000, seq, "checkpoint", '{"a":1}', 100]
+    args += ["5", "", "", "", "", "", "", ""]
+    first = await evalsha(client, SCRIPTS.beat, keys.all(), args)
+    again = await evalsha(client, SCRIPTS.beat, keys.all(), args)
+    assert first[0] == again[0] == 1
+    assert first[3] == again[3] == seq
+    kinds = [e[1][b"kind"] for e in await client.xrange(keys.events)]
+    assert kinds == [b"start", b"checkpoint"]
+    older = await evalsha(client, SCRIPTS.beat, keys.all(), [*args[:3], seq - 1, *args[4:]])
+    assert older[0] == 0  # a seq below the snapshot's is still refused
