@@ -36,6 +36,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "cluster": ("benchmarks.bench_cluster", "own"),
     "stale": ("benchmarks.bench_stale", "own"),
     "false_stale": ("benchmarks.bench_false_stale", "own"),
+    "gateway": ("benchmarks.bench_gateway", "own"),
     "metrics": ("benchmarks.bench_metrics", "external"),
 }
 

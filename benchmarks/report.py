@@ -29,6 +29,7 @@ ORDER = [
     "stale",
     "false_stale",
     "cluster",
+    "gateway",
     "metrics",
 ]
 

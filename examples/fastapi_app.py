@@ -1,16 +1,22 @@
-"""A FastAPI service: POST starts a CPU-heavy job in a process pool, GET streams its progress.
+"""A FastAPI service: POST starts a CPU-heavy job in a process pool and answers 202 Accepted;
+GET follows it (JSON with Retry-After, a long poll, or Server-Sent Events).
 
     pip install "jobpulse[http]" fastapi
     python examples/fastapi_app.py [--redis URL] [--port 8000]
 
-    curl -X POST 'localhost:8000/reports?items=3000'         # {"job_id": ..., "events": ...}
+    curl -i -X POST 'localhost:8000/reports?items=3000'      # 202, Location: /jobpulse/jobs/<id>
+    curl -i localhost:8000/jobpulse/jobs/<job_id>             # JSON status, ETag, Retry-After
+    curl -i -H 'If-None-Match: <etag>' 'localhost:8000/jobpulse/jobs/<job_id>?wait=30'
+                                                              # long poll: 200 on a change, or 304
     curl -N localhost:8000/jobpulse/jobs/<job_id>/events      # Server-Sent Events, live
-    curl -i localhost:8000/jobpulse/jobs/<job_id>             # JSON status with an ETag
     open http://localhost:8000/jobpulse/                      # the dashboard
 
 The jobpulse app is mounted in one line (``app.mount("/jobpulse", create_app(reader))``); the
-job runs under ``jobpulse.heartbeat`` in the server process while the hashing itself runs in a
-``ProcessPoolExecutor``, reporting through the shared-memory ``ProgressCell``. Uses the Redis at
+POST returns ``accepted(request, job_id, mount="/jobpulse")`` once the job's lease is held, so
+the ``Location`` answers at once. The job runs under ``jobpulse.heartbeat`` in the server
+process while the hashing itself runs in a ``ProcessPoolExecutor``, reporting through the
+shared-memory ``ProgressCell``. Another Python service waits on it with
+``await jobpulse.http.poll(url)``. Uses the Redis at
 ``--redis`` / ``REDIS_URL`` when one answers, else starts a private ``redis-server``.
 """
 
@@ -28,10 +34,11 @@ from contextlib import asynccontextmanager
 import redis.asyncio as aioredis
 import uvicorn
 from fastapi import FastAPI, Query, Request
+from fastapi.responses import Response
 
 from jobpulse import ProgressCell, StatusReader, heartbeat
 from jobpulse._provision import provision_redis
-from jobpulse.http import create_app
+from jobpulse.http import accepted, create_app
 
 
 def crunch(cell: ProgressCell, items: int) -> str:
@@ -81,19 +88,17 @@ def build(redis_url: str) -> FastAPI:
     app.mount("/jobpulse", create_app(reader))  # status, events and the dashboard: one line
 
     @app.post("/reports", status_code=202)
-    async def start_report(request: Request, items: int = Query(2000, ge=1, le=100_000)) -> dict:
+    async def start_report(
+        request: Request, items: int = Query(2000, ge=1, le=100_000)
+    ) -> Response:
         job_id = f"report-{secrets.token_hex(4)}"
         started: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         task = asyncio.create_task(run_job(app, job_id, items, started))
         app.state.jobs.add(task)
         task.add_done_callback(app.state.jobs.discard)
         await started
-        return {
-            "job_id": job_id,
-            "status": f"/jobpulse/jobs/{job_id}",
-            "events": f"/jobpulse/jobs/{job_id}/events",
-            "dashboard": "/jobpulse/",
-        }
+        # 202 Accepted: Location is the status URL (behind any --root-path), Retry-After 1.
+        return accepted(request, job_id, mount="/jobpulse")
 
     return app
 

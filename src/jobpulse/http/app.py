@@ -19,6 +19,7 @@ import dataclasses
 import inspect
 import logging
 import math
+import random
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
@@ -40,6 +41,8 @@ from .._reader.reader import StatusReader
 from .._reader.status import JobState, JobStatus
 from ..errors import InvalidJobId, ProtocolError
 from . import operate
+from .longpoll import Crowded, LongPollHub, parse_wait, until_disconnect
+from .retry import RETRY_MIN, cache_control, retry_after
 from .sse import EventStream, encode_event
 
 __all__ = ["Authorize", "HttpConfig", "create_app"]
@@ -67,21 +70,30 @@ class HttpConfig:
         retry: reconnection delay suggested to SSE clients, in seconds (>= 0).
         index_shards: shards of the running-jobs index, as the workers were started with (>= 1).
         max_jobs: most jobs ``GET /jobs`` lists (>= 1).
+        max_wait: the longest long poll (``?wait=``) in seconds; longer asks are cut to it (> 0).
+        max_waiters: long polls parked at once in this process (>= 1); past it, 503.
+        wait_interval: seconds between two reads of a job that long polls wait on (> 0).
+        stale_while_revalidate: ``stale-while-revalidate`` of status responses, seconds (>= 0).
     """
 
     keepalive: float = 15.0
     retry: float = 2.0
     index_shards: int = 1
     max_jobs: int = 500
+    max_wait: float = 30.0
+    max_waiters: int = 10_000
+    wait_interval: float = 0.25
+    stale_while_revalidate: float = 1.0
 
     def __post_init__(self) -> None:
-        for name in ("keepalive", "retry"):
+        positive = ("keepalive", "max_wait", "wait_interval")
+        for name in (*positive, "retry", "stale_while_revalidate"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int | float):
                 raise TypeError(f"{name} must be a number of seconds, got {value!r}")
-            if not math.isfinite(value) or value < 0 or (name == "keepalive" and value == 0):
-                raise ValueError(f"{name} must be {'> 0' if name == 'keepalive' else '>= 0'}")
-        for name in ("index_shards", "max_jobs"):
+            if not math.isfinite(value) or value < 0 or (name in positive and value == 0):
+                raise ValueError(f"{name} must be {'> 0' if name in positive else '>= 0'}")
+        for name in ("index_shards", "max_jobs", "max_waiters"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):
                 raise TypeError(f"{name} must be an int, got {value!r}")
@@ -97,11 +109,16 @@ def create_app(
     retry: float = 2.0,
     index_shards: int = 1,
     max_jobs: int = 500,
+    max_wait: float = 30.0,
+    max_waiters: int = 10_000,
+    wait_interval: float = 0.25,
+    stale_while_revalidate: float = 1.0,
 ) -> Starlette:
     """An ASGI app serving job status, job events and a dashboard from ``reader``.
 
     Routes: ``GET /`` (the dashboard), ``GET /jobs`` (running and stale jobs),
-    ``GET /jobs/{job_id}`` (JSON status, ``ETag``, 304), ``GET /jobs/{job_id}/events`` (SSE),
+    ``GET /jobs/{job_id}`` (JSON status, ``ETag``, 304, ``Retry-After`` while it runs; with
+    ``?wait=N`` and ``If-None-Match``, a long poll), ``GET /jobs/{job_id}/events`` (SSE),
     ``GET /metrics`` (Prometheus, the ``prometheus`` extra), ``POST /jobs/{job_id}/cancel``.
     Mount it anywhere (``app.mount("/jobpulse", create_app(reader))``); the dashboard uses
     relative URLs. The reader stays the caller's: the app never closes it.
@@ -115,6 +132,12 @@ def create_app(
         retry: reconnection delay suggested to EventSource clients (``retry:``), in seconds.
         index_shards: the ``index_shards`` the workers use (for ``GET /jobs``).
         max_jobs: most jobs ``GET /jobs`` answers.
+        max_wait: the longest long poll in seconds (``?wait=`` above it is cut to it).
+        max_waiters: long polls parked at once in this process; past it they are answered
+            503 with ``Retry-After``.
+        wait_interval: seconds between two reads (through the reader's cache) of a job that
+            long polls wait on: one read per job, whatever the number of parked requests.
+        stale_while_revalidate: the ``stale-while-revalidate`` of status responses, seconds.
 
     Returns:
         A Starlette application.
@@ -126,8 +149,10 @@ def create_app(
     if authorize is not None and not callable(authorize):
         raise TypeError(f"authorize must be callable, got {authorize!r}")
     config = HttpConfig(
-        keepalive=keepalive, retry=retry, index_shards=index_shards, max_jobs=max_jobs
-    )
+        keepalive=keepalive, retry=retry, index_shards=index_shards, max_jobs=max_jobs,
+        max_wait=max_wait, max_waiters=max_waiters, wait_interval=wait_interval,
+        stale_while_revalidate=stale_while_revalidate,
+    )  # fmt: skip
     service = _Service(reader, authorize, config)
     app = Starlette(
         routes=[
@@ -245,6 +270,10 @@ class _Service:
         package = resources.files(__package__) / "static"
         self.files = {name: (package / name).read_bytes() for name in _STATIC}
         self.frames = _FrameCache()
+        self.rng = random.Random()
+        self.longpoll = LongPollHub(
+            reader.get, interval=config.wait_interval, max_waiters=config.max_waiters
+        )
 
     def __repr__(self) -> str:
         return f"<jobpulse http namespace={self.reader.namespace} {self.config}>"
@@ -259,12 +288,20 @@ class _Service:
             verdict = await verdict
         return bool(verdict)
 
-    def _cache_control(self, status: JobStatus) -> str:
+    def _headers(self, status: JobStatus, *, store: bool = True) -> dict[str, str]:
+        """ETag, Cache-Control and (while the job may change) Retry-After of a status."""
         cfg = self.reader.config
-        ttl = cfg.terminal_seconds if status.state.is_terminal else cfg.cache_ttl
-        # HTTP caches count whole seconds: round down, so no cache keeps a status longer
-        # than the reader itself would.
-        return f"max-age={math.floor(ttl)}"
+        headers = {
+            "etag": etag_of(status),
+            "cache-control": cache_control(
+                status, ttl=cfg.cache_ttl, terminal_ttl=cfg.terminal_seconds,
+                stale=self.config.stale_while_revalidate,
+            ) if store else "no-store",
+        }  # fmt: skip
+        delay = retry_after(status, self.rng)
+        if delay is not None:
+            headers["retry-after"] = str(delay)
+        return headers
 
     # -- routes --
 
@@ -296,11 +333,15 @@ class _Service:
         return await self.status(request, rest)
 
     async def status(self, request: Request, job_id: str) -> Response:
-        """``GET /jobs/{job_id}``: the status as JSON, with an ETag."""
+        """``GET /jobs/{job_id}``: the status as JSON, with an ETag; ``?wait=N`` long-polls."""
         try:
             check_job_id(job_id)
         except InvalidJobId:
             return _error(400, "invalid job id")
+        wait = request.query_params.get("wait")
+        timeout = None if wait is None else parse_wait(wait, self.config.max_wait)
+        if wait is not None and timeout is None:
+            return _error(400, "invalid wait: seconds, a number >= 0")
         if not await self._allowed(request, job_id):
             return _error(403, "forbidden")
         try:
@@ -309,11 +350,43 @@ class _Service:
             return _failure(exc)
         if status.state is JobState.UNKNOWN:
             return _error(404, "no such job")
-        headers = {"etag": etag_of(status), "cache-control": self._cache_control(status)}
         match = request.headers.get("if-none-match")
-        if match is not None and _matches(match, headers["etag"]):
-            return Response(status_code=304, headers=headers)
-        return _json(status.as_dict(), headers=headers)
+        if match is None or not _matches(match, etag_of(status)):
+            return _json(status.as_dict(), headers=self._headers(status, store=wait is None))
+        if not timeout or status.state.is_terminal:
+            return Response(status_code=304, headers=self._headers(status, store=wait is None))
+        return await self._long_poll(request, job_id, status, timeout)
+
+    async def _long_poll(
+        self, request: Request, job_id: str, status: JobStatus, seconds: float
+    ) -> Response:
+        """Park until the version moves past ``status`` (200) or ``seconds`` pass (304).
+
+        A client that goes away unparks its request at once (the server would not tell the
+        handler otherwise, and a parked request holds one of ``max_waiters`` places).
+        """
+        parked = asyncio.ensure_future(self.longpoll.wait(job_id, status, seconds))
+        gone = asyncio.ensure_future(until_disconnect(request.receive))
+        try:
+            await asyncio.wait((parked, gone), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            gone.cancel()
+            if gone.done() and not gone.cancelled():
+                gone.exception()  # retrieved: a receive() that failed means the client left
+            if not parked.done():
+                parked.cancel()
+                await asyncio.wait((parked,))  # its finally unparks it before we answer
+        try:
+            moved = None if parked.cancelled() else parked.result()
+        except Crowded:
+            response = _error(503, "too many waiting requests")
+            response.headers["retry-after"] = str(retry_after(status, self.rng) or RETRY_MIN)
+            return response
+        except Exception as exc:
+            return _failure(exc)
+        if moved is None:
+            return Response(status_code=304, headers=self._headers(status, store=False))
+        return _json(moved.as_dict(), headers=self._headers(moved, store=False))
 
     async def events(self, request: Request, job_id: str) -> Response:
         """``GET /jobs/{job_id}/events``: the job's events as SSE, resumable."""
