@@ -9,7 +9,9 @@ def test_all_names_exist_and_nothing_public_is_unlisted() -> None:
     exported = set(jobpulse.__all__)
     assert all(hasattr(jobpulse, name) for name in exported)
     public = {
-        n for n in vars(jobpulse) if not n.startswith("_") and n not in ("errors", "http", "cli")
+        n
+        for n in vars(jobpulse)
+        if not n.startswith("_") and n not in ("errors", "http", "cli", "integrations")
     }
     assert public == exported
 
