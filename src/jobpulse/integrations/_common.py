@@ -28,6 +28,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
+import functools
 import hashlib
 import logging
 import re
@@ -49,6 +51,7 @@ __all__ = [
     "kind_for",
     "pulse",
     "refresh_delays",
+    "run_in_thread",
 ]
 
 log = logging.getLogger("jobpulse.integrations")
@@ -220,3 +223,22 @@ async def pulse(
         raise
     else:
         await hb.__aexit__(None, None, None)
+
+
+async def run_in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """Run a plain ``def`` task in the loop's default executor, as the queues run them, with
+    this context (so ``jobpulse.current()`` works in the thread).
+
+    A thread cannot be cancelled: when the awaiting task is cancelled, this waits for the
+    function to return before the cancellation goes on, so two runs of a job never overlap. The
+    function stops promptly when it calls ``jobpulse.current().progress.check()``.
+    """
+    context = contextvars.copy_context()
+    future = asyncio.get_running_loop().run_in_executor(
+        None, functools.partial(context.run, fn, *args, **kwargs)
+    )
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        await asyncio.wait({future})
+        raise

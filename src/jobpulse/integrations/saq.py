@@ -20,7 +20,6 @@ through SAQ's own abort, so SAQ records ABORTED too.
 from __future__ import annotations
 
 import asyncio
-import contextvars
 import functools
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -31,7 +30,7 @@ from saq.queue.redis import RedisQueue
 from saq.utils import now
 
 from ..errors import JobCancelled
-from ._common import PulseOptions, pulse
+from ._common import PulseOptions, pulse, run_in_thread
 
 __all__ = ["instrument", "instrument_function"]
 
@@ -73,7 +72,7 @@ def instrument_function(
             async with pulse(options, redis, job.id, name, refresh):
                 if is_async:
                     return await fn(ctx, **kwargs)
-                return await _in_thread(fn, ctx, kwargs)
+                return await run_in_thread(fn, ctx, **kwargs)
         except JobCancelled:
             pass
         # Cancelled on request: abort through SAQ (its worker cancels this task within
@@ -108,19 +107,6 @@ async def _touch(queue: Any, job: Job) -> None:
             await pipe.execute()
         except WatchError:
             return  # the job changed meanwhile (an abort?): the next refresh looks again
-
-
-async def _in_thread(fn: Callable[..., Any], ctx: dict[str, Any], kwargs: dict[str, Any]) -> Any:
-    context = contextvars.copy_context()  # carries jobpulse.current() into the thread
-    future = asyncio.get_running_loop().run_in_executor(
-        None, functools.partial(context.run, fn, ctx, **kwargs)
-    )
-    try:
-        return await asyncio.shield(future)
-    except asyncio.CancelledError:
-        # a thread cannot be stopped: wait for it, so two runs of a job never overlap
-        await asyncio.wait({future})
-        raise
 
 
 def instrument(
