@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import itertools
 import re
 
 import pytest
 
 from jobpulse.integrations import PulseOptions, job_id_for, kind_for
-from jobpulse.integrations._common import refresh_delays
+from jobpulse.integrations._common import keep_claim, refresh_delays
+from tests.support import eventually
 
 VALID = re.compile(r"[A-Za-z0-9._\-:/]{1,200}")
 
@@ -51,3 +54,34 @@ def test_options_are_checked_when_built() -> None:
 
 def test_the_claim_is_refreshed_at_once_then_every_period() -> None:
     assert list(itertools.islice(refresh_delays(0.5), 4)) == [0.0, 0.5, 0.5, 0.5]
+
+
+async def test_the_keeper_refreshes_at_once_and_goes_on_through_errors() -> None:
+    calls: list[float] = []
+
+    async def refresh() -> None:
+        calls.append(asyncio.get_running_loop().time())
+        if len(calls) == 2:
+            raise ConnectionError("redis went away")  # logged, never stops the task
+
+    async def three_calls() -> bool:
+        return len(calls) >= 3
+
+    async with keep_claim(refresh, 0.02, job_id="j"):
+        await eventually(three_calls, within=5)
+    seen = len(calls)
+    await asyncio.sleep(0.1)
+    assert len(calls) == seen  # stopped with the block
+
+
+async def test_the_keeper_stops_even_when_a_refresh_swallows_its_cancellation() -> None:
+    started = asyncio.Event()
+
+    async def refresh() -> None:
+        started.set()
+        with contextlib.suppress(asyncio.CancelledError):  # as a client library may do
+            await asyncio.sleep(10)
+
+    async with asyncio.timeout(5):  # the block's exit must not hang
+        async with keep_claim(refresh, 0.02, job_id="j"):
+            await started.wait()
