@@ -159,8 +159,9 @@ async def keep_claim(
 async def _refresh_loop(
     refresh: Callable[[], Awaitable[object]], period: float, job_id: str, stop: asyncio.Event
 ) -> None:
-    # `stop` as well as the cancel: a client library that swallows a CancelledError in the middle
-    # of a command (seen with a refresh cancelled mid-call) must not keep this loop alive.
+    # `stop` as well as the cancel: a refresh that swallows its CancelledError (a client library
+    # may) must not keep this loop alive. A first version without `stop` hung, now and then, at
+    # the exit of a job whose body returned during the first refresh (arq worker, redis-py 8).
     warn = RateLimitedLog(log, time.monotonic)
     for delay in refresh_delays(period):
         with contextlib.suppress(TimeoutError):
