@@ -45,6 +45,7 @@ from .._worker.ratelimit import RateLimitedLog
 from ..errors import JobBusy
 
 __all__ = [
+    "WRAPPED",
     "PulseOptions",
     "job_id_for",
     "keep_claim",
@@ -60,6 +61,9 @@ _ID_OK = re.compile(r"[A-Za-z0-9._\-:/]{1,200}")
 _BAD_CHAR = re.compile(r"[^A-Za-z0-9._\-:/]")
 _READABLE = 100  # characters of the original id kept in a mapped id
 _DIGEST = 16  # hex characters of sha256 in a mapped id (64 bits)
+
+#: The attribute that marks a task function an integration has wrapped (wrapping is idempotent).
+WRAPPED = "__jobpulse_wrapped__"
 
 
 def job_id_for(queue_id: str | bytes) -> str:

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
     from arq.typing import WorkerCoroutine
 
 from ..errors import JobCancelled
-from ._common import PulseOptions, pulse
+from ._common import WRAPPED, PulseOptions, pulse
 
 __all__ = ["instrument", "instrument_function"]
 
@@ -63,6 +63,8 @@ def instrument_function(
             (needs ``allow_abort_jobs``); False raises ``JobCancelled`` out of it instead.
     """
     fn = func(function)
+    if getattr(fn.coroutine, WRAPPED, False):
+        return fn  # instrumented already: never two heartbeats for one job
     name = fn.name
     inner = fn.coroutine
 
@@ -89,6 +91,7 @@ def instrument_function(
         await asyncio.sleep(ABORT_WAIT)
         raise JobCancelled(f"job {job_id!r} was cancelled on request")
 
+    setattr(run, WRAPPED, True)
     return Function(name, run, fn.timeout_s, fn.keep_result_s, fn.keep_result_forever, fn.max_tries)
 
 

@@ -30,7 +30,7 @@ from saq.queue.redis import RedisQueue
 from saq.utils import now
 
 from ..errors import JobCancelled
-from ._common import PulseOptions, pulse, run_in_thread
+from ._common import WRAPPED, PulseOptions, pulse, run_in_thread
 
 __all__ = ["instrument", "instrument_function"]
 
@@ -55,6 +55,8 @@ def instrument_function(
     (have it call ``jobpulse.current().progress.check()`` to stop promptly).
     """
     name, fn = function if isinstance(function, tuple) else (function.__qualname__, function)
+    if getattr(fn, WRAPPED, False):
+        return name, fn  # instrumented already: never two heartbeats for one job
     is_async = asyncio.iscoroutinefunction(fn)
 
     @functools.wraps(fn)
@@ -81,6 +83,7 @@ def instrument_function(
         await asyncio.sleep(ABORT_WAIT)
         raise JobCancelled(f"job {job.id!r} was cancelled on request")
 
+    setattr(run, WRAPPED, True)
     return name, run
 
 

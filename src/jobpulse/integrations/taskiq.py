@@ -31,15 +31,13 @@ from redis.asyncio import Redis
 from taskiq import AsyncBroker, TaskiqMessage, TaskiqMiddleware
 from taskiq_redis import RedisStreamBroker
 
-from ._common import PulseOptions, pulse, run_in_thread
+from ._common import WRAPPED, PulseOptions, pulse, run_in_thread
 
 __all__ = ["JobpulseMiddleware", "instrument"]
 
 # The message of the task about to run, set by the middleware in the receiver's task, taken by
 # the task's wrapper (which runs in the same asyncio task, so it sees the value).
 _MESSAGE: ContextVar[TaskiqMessage | None] = ContextVar("jobpulse_taskiq_message", default=None)
-
-_WRAPPED = "__jobpulse_wrapped__"
 
 # KEYS[1] the stream; ARGV[1] the consumer group, ARGV[2] this consumer, ARGV[3..] entry ids.
 # Resets the idle time of each entry still pending for THIS consumer (XCLAIM with min-idle 0 and
@@ -124,7 +122,7 @@ def instrument(
 def _wrap_tasks(broker: AsyncBroker, middleware: JobpulseMiddleware) -> None:
     for task in broker.get_all_tasks().values():
         fn = task.original_func
-        if not getattr(fn, _WRAPPED, False):
+        if not getattr(fn, WRAPPED, False):
             task.original_func = _wrap(fn, task.task_name, middleware)
 
 
@@ -144,7 +142,7 @@ def _wrap(fn: Callable[..., Any], name: str, middleware: JobpulseMiddleware) -> 
         async with pulse(middleware.options, middleware.redis, message.task_id, name, refresh):
             return await _call(fn, is_async, args, kwargs)
 
-    setattr(run, _WRAPPED, True)
+    setattr(run, WRAPPED, True)
     return run
 
 
