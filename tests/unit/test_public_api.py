@@ -8,7 +8,7 @@ import jobpulse
 def test_all_names_exist_and_nothing_public_is_unlisted() -> None:
     exported = set(jobpulse.__all__)
     assert all(hasattr(jobpulse, name) for name in exported)
-    modules = ("errors", "http", "cli", "metrics")
+    modules = ("errors", "http", "cli", "metrics", "integrations")
     public = {n for n in vars(jobpulse) if not n.startswith("_") and n not in modules}
     assert public == exported
 

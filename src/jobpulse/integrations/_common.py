@@ -1,0 +1,249 @@
+"""What every queue integration shares: id and kind mapping, options, the claim keeper.
+
+A queue integration runs each task as::
+
+    async with pulse(options, redis, queue_job_id, task_name, refresh) as hb:
+        ... the task body (``jobpulse.current()`` is ``hb``) ...
+
+``pulse`` enters ``heartbeat()`` keyed by :func:`job_id_for` of the queue's own id with
+``kind=kind_for(task_name)``, and while the heartbeat lives it calls ``refresh()`` (the queue's
+"I still hold this job" write: an in-progress key's TTL, a job's touch time, a stream entry's idle
+time) at once and then every ``interval`` seconds.
+
+Invariants:
+  * the queue's claim is refreshed only while this worker holds the job's jobpulse lease (the
+    keeper lives inside the ``async with heartbeat``), so a claim outlives a dead worker by at most
+    ``claim_ttl`` seconds;
+  * a failing refresh never stops the task: it is logged (rate-limited) and tried again next
+    period — the heartbeat's own lease rules decide when a job must stop;
+  * the task's return value and exceptions pass through unchanged (only what the heartbeat itself
+    raises — ``JobCancelled``, ``LeaseLost`` — is added; each integration says what its queue
+    records for those).
+
+The pure parts (mapping, options, :func:`refresh_delays`) are shared with the thread-based
+integrations of the synchronous queues; only :func:`keep_claim` and :func:`pulse` are asyncio.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import functools
+import hashlib
+import logging
+import re
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+from .._protocol.keys import check_namespace
+from .._worker.config import MAX_KIND_CHARS, HeartbeatConfig
+from .._worker.heartbeat import JobHeartbeat, heartbeat
+from .._worker.ratelimit import RateLimitedLog
+from ..errors import JobBusy
+
+__all__ = [
+    "WRAPPED",
+    "PulseOptions",
+    "job_id_for",
+    "keep_claim",
+    "kind_for",
+    "pulse",
+    "refresh_delays",
+    "run_in_thread",
+]
+
+log = logging.getLogger("jobpulse.integrations")
+
+_ID_OK = re.compile(r"[A-Za-z0-9._\-:/]{1,200}")
+_BAD_CHAR = re.compile(r"[^A-Za-z0-9._\-:/]")
+_READABLE = 100  # characters of the original id kept in a mapped id
+_DIGEST = 16  # hex characters of sha256 in a mapped id (64 bits)
+
+#: The attribute that marks a task function an integration has wrapped (wrapping is idempotent).
+WRAPPED = "__jobpulse_wrapped__"
+
+
+def job_id_for(queue_id: str | bytes) -> str:
+    """The jobpulse job id of a queue's job id.
+
+    An id that already follows jobpulse's rules (1 to 200 characters of
+    ``A-Z a-z 0-9 . _ - : /``) is used as it is, so ``StatusReader.get(queue_id)`` just works for
+    the ids queues generate (uuid4 hex, ``arq:…``, ``saq:job:…``). Any other id is mapped
+    deterministically to ``<readable>.h<digest>``: the first 100 characters of the id with
+    every character outside those rules replaced by ``_``, then ``.h`` and the first 16 hex
+    digits of the SHA-256 of the id's UTF-8 bytes. Example:
+    ``job_id_for("report 7")`` is ``"report_7.h"`` followed by 16 hex digits. Call it to find
+    a mapped job from outside the worker.
+
+    Args:
+        queue_id: the queue's job id (``bytes`` are decoded as UTF-8).
+
+    Returns:
+        A valid jobpulse job id.
+    """
+    text = queue_id.decode("utf-8", "surrogateescape") if isinstance(queue_id, bytes) else queue_id
+    if _ID_OK.fullmatch(text) is not None:
+        return text
+    digest = hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:_DIGEST]
+    readable = _BAD_CHAR.sub("_", text[:_READABLE])
+    return f"{readable}.h{digest}"
+
+
+def kind_for(name: str) -> str:
+    """The jobpulse ``kind`` of a task name: the name when it follows the kind rules, else the
+    name with each character outside ``A-Z a-z 0-9 . _ - : /`` replaced by ``_``, cut to 100
+    characters (a task name is already low-cardinality; no digest is needed)."""
+    return _BAD_CHAR.sub("_", name)[:MAX_KIND_CHARS]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class PulseOptions:
+    """How an integration runs each task's heartbeat. Checked on construction, so a bad value
+    fails when the integration is installed, before any Redis command.
+
+    Attributes:
+        interval: seconds between beats, and between refreshes of the queue's claim (> 0).
+        ttl: the heartbeat's lease and liveness time (>= 2 * interval): a dead worker's job is
+            STALE after at most ``ttl`` seconds.
+        namespace: jobpulse's key prefix.
+        redis: the ``redis.asyncio`` client jobpulse writes to; None (the default) uses the
+            queue's own connection.
+    """
+
+    interval: float = 1.0
+    ttl: float = 6.0
+    namespace: str = "jobpulse"
+    redis: Any = None
+
+    def __post_init__(self) -> None:
+        HeartbeatConfig(interval=self.interval, ttl=self.ttl)
+        check_namespace(self.namespace)
+
+    @property
+    def claim_ttl(self) -> float:
+        """Seconds each refresh extends the queue's claim by: ``ttl + interval``.
+
+        One interval longer than the lease, so when a worker dies its jobpulse lease is gone
+        before the queue hands the job to another worker, and the next attempt takes the job over
+        (``resume_from``) instead of meeting a still-valid lease.
+        """
+        return self.ttl + self.interval
+
+
+def refresh_delays(period: float) -> Iterator[float]:
+    """The keeper's schedule: refresh at once, then every ``period`` seconds."""
+    yield 0.0
+    while True:
+        yield period
+
+
+@contextlib.asynccontextmanager
+async def keep_claim(
+    refresh: Callable[[], Awaitable[object]], period: float, *, job_id: str
+) -> AsyncIterator[None]:
+    """Call ``refresh()`` at once and every ``period`` seconds while the block runs.
+
+    The refresh loop is a task owned by this block: at exit it is told to stop, cancelled and
+    awaited, whatever the block raised. Each refresh is bounded by ``period``; an error is logged
+    and the next refresh tried on schedule.
+    """
+    stop = asyncio.Event()
+    task = asyncio.get_running_loop().create_task(_refresh_loop(refresh, period, job_id, stop))
+    try:
+        yield
+    finally:
+        stop.set()
+        task.cancel()
+        await asyncio.wait({task})
+
+
+async def _refresh_loop(
+    refresh: Callable[[], Awaitable[object]], period: float, job_id: str, stop: asyncio.Event
+) -> None:
+    # `stop` as well as the cancel: a refresh that swallows its CancelledError (a client library
+    # may) must not keep this loop alive. A first version without `stop` hung, now and then, at
+    # the exit of a job whose body returned during the first refresh (arq worker, redis-py 8).
+    warn = RateLimitedLog(log, time.monotonic)
+    for delay in refresh_delays(period):
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(delay):
+                await stop.wait()
+        if stop.is_set():
+            return
+        try:
+            async with asyncio.timeout(period):
+                await refresh()
+        except Exception as exc:  # a fault here must never stop the task: the lease decides
+            warn.warning("job %s: could not refresh the queue's claim: %r", job_id, exc)
+
+
+@contextlib.asynccontextmanager
+async def pulse(
+    options: PulseOptions,
+    redis: Any,
+    queue_job_id: str | bytes,
+    task_name: str,
+    refresh: Callable[[], Awaitable[object]],
+) -> AsyncIterator[JobHeartbeat]:
+    """Run the block under ``heartbeat()`` for a queue's job, keeping the queue's claim fresh.
+
+    Args:
+        options: the integration's options.
+        redis: the client jobpulse writes to (``options.redis`` wins when set).
+        queue_job_id: the queue's job id, mapped by :func:`job_id_for`.
+        task_name: the task's name, the job's ``kind`` (mapped by :func:`kind_for`).
+        refresh: the queue's claim refresh, called every ``options.interval`` seconds.
+
+    A lease still held by another attempt (JobBusy) is waited for up to ``claim_ttl``: a queue
+    may hand a dead worker's job on a moment before that worker's lease has expired.
+    """
+    job_id = job_id_for(queue_job_id)
+    client = options.redis if options.redis is not None else redis
+    deadline = time.monotonic() + options.claim_ttl
+    while True:
+        hb = heartbeat(
+            client,
+            job_id,
+            interval=options.interval,
+            ttl=options.ttl,
+            namespace=options.namespace,
+            kind=kind_for(task_name),
+        )
+        try:
+            await hb.__aenter__()
+        except JobBusy:
+            if time.monotonic() >= deadline:
+                raise
+            await asyncio.sleep(min(options.interval, 0.25))
+            continue
+        break
+    try:
+        async with keep_claim(refresh, options.interval, job_id=job_id):
+            yield hb
+    except BaseException as exc:
+        await hb.__aexit__(type(exc), exc, exc.__traceback__)
+        raise
+    else:
+        await hb.__aexit__(None, None, None)
+
+
+async def run_in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
+    """Run a plain ``def`` task in the loop's default executor, as the queues run them, with
+    this context (so ``jobpulse.current()`` works in the thread).
+
+    A thread cannot be cancelled: when the awaiting task is cancelled, this waits for the
+    function to return before the cancellation goes on, so two runs of a job never overlap. The
+    function stops promptly when it calls ``jobpulse.current().progress.check()``.
+    """
+    context = contextvars.copy_context()
+    future = asyncio.get_running_loop().run_in_executor(
+        None, functools.partial(context.run, fn, *args, **kwargs)
+    )
+    try:
+        return await asyncio.shield(future)
+    except asyncio.CancelledError:
+        await asyncio.wait({future})
+        raise

@@ -1,0 +1,145 @@
+"""SAQ integration: every job function runs under a jobpulse heartbeat.
+
+Install it on the worker settings (``pip install "jobpulse[saq]"``)::
+
+    from jobpulse.integrations.saq import instrument
+
+    settings = instrument({"queue": queue, "functions": [report]})
+
+Each job then runs inside ``heartbeat(redis, job_id_for(job.id), kind=<function name>)``
+(``jobpulse.current()`` is that heartbeat), and while the heartbeat lives the job's ``touched``
+time is refreshed every ``interval`` seconds: SAQ's sweep treats an ACTIVE job untouched for its
+``heartbeat`` seconds as stuck (aborts and retries it), so a live job is never swept, and a job
+can be enqueued with a short ``heartbeat`` so a dead worker's job is swept soon.
+
+Cancel: SAQ's own ``job.abort()`` cancels the task, which ends the jobpulse job CANCELLED, and
+SAQ records ABORTED. ``jobpulse.request_cancel()`` cancels the body; the job is then aborted
+through SAQ's own abort, so SAQ records ABORTED too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from redis.exceptions import WatchError
+from saq.job import Job, Status
+from saq.queue.redis import RedisQueue
+from saq.utils import now
+
+from ..errors import JobCancelled
+from ._common import WRAPPED, PulseOptions, pulse, run_in_thread
+
+__all__ = ["instrument", "instrument_function"]
+
+S = TypeVar("S")
+
+#: How long a job cancelled by ``request_cancel`` waits for SAQ to abort it before it fails with
+#: ``JobCancelled`` instead (SAQ's worker looks for aborted jobs every ``timers["abort"]`` s).
+ABORT_WAIT = 10.0
+
+#: The error text SAQ records for a job aborted because of ``request_cancel``.
+ABORT_ERROR = "cancelled by jobpulse.request_cancel"
+
+
+def instrument_function(
+    function: Callable[..., Any] | tuple[str, Callable[..., Any]], options: PulseOptions
+) -> tuple[str, Callable[..., Any]]:
+    """One SAQ job function wrapped to run under a heartbeat (what :func:`instrument` applies to
+    each entry of ``functions``). Returns ``(name, wrapped)``, the name SAQ would have used.
+
+    A plain ``def`` function runs in a thread, as SAQ runs it, with ``jobpulse.current()``
+    visible in it; a thread cannot be cancelled, so on cancel the job waits for it to return
+    (have it call ``jobpulse.current().progress.check()`` to stop promptly).
+    """
+    name, fn = function if isinstance(function, tuple) else (function.__qualname__, function)
+    if getattr(fn, WRAPPED, False):
+        return name, fn  # instrumented already: never two heartbeats for one job
+    is_async = asyncio.iscoroutinefunction(fn)
+
+    @functools.wraps(fn)
+    async def run(ctx: dict[str, Any], **kwargs: Any) -> Any:
+        job: Job = ctx["job"]
+        queue = job.get_queue()
+        redis = queue.redis if isinstance(queue, RedisQueue) else None
+        if redis is None and options.redis is None:
+            raise TypeError("jobpulse.integrations.saq needs redis= for a queue other than Redis")
+
+        async def refresh() -> None:
+            await _touch(queue, job)
+
+        try:
+            async with pulse(options, redis, job.id, name, refresh):
+                if is_async:
+                    return await fn(ctx, **kwargs)
+                return await run_in_thread(fn, ctx, **kwargs)
+        except JobCancelled:
+            pass
+        # Cancelled on request: abort through SAQ (its worker cancels this task within
+        # timers["abort"] seconds), so SAQ records its own ABORTED outcome.
+        await job.abort(ABORT_ERROR)
+        await asyncio.sleep(ABORT_WAIT)
+        raise JobCancelled(f"job {job.id!r} was cancelled on request")
+
+    setattr(run, WRAPPED, True)
+    return name, run
+
+
+async def _touch(queue: Any, job: Job) -> None:
+    """Refresh the stored job's ``touched`` time, only while it is ACTIVE.
+
+    SAQ's own ``job.update()`` reads the status and writes the whole job in two steps, so it can
+    overwrite an ABORTING status written in between; this does the same write under WATCH and
+    leaves a job that is no longer ACTIVE (aborting, finished) alone.
+    """
+    if not isinstance(queue, RedisQueue):
+        await job.update()
+        return
+    async with queue.redis.pipeline(transaction=True) as pipe:
+        await pipe.watch(job.id)
+        stored = queue.deserialize(await pipe.get(job.id))
+        if stored is None or stored.status != Status.ACTIVE:
+            return
+        job.touched = now()
+        job.status = stored.status
+        pipe.multi()  # type: ignore[no-untyped-call]
+        pipe.set(job.id, queue.serialize(job))
+        try:
+            await pipe.execute()
+        except WatchError:
+            return  # the job changed meanwhile (an abort?): the next refresh looks again
+
+
+def instrument(
+    settings: S,
+    *,
+    interval: float = 1.0,
+    ttl: float = 6.0,
+    namespace: str = "jobpulse",
+    redis: Any = None,
+) -> S:
+    """Instrument SAQ worker settings: every function in ``functions`` runs under a heartbeat.
+
+    Returns a new settings dict (``saq module.settings`` and ``Worker(**settings)`` take it
+    as before). ``cron_jobs`` are not instrumented.
+
+    Args:
+        settings: SAQ settings (a dict with ``queue`` and ``functions``).
+        interval: seconds between beats and between refreshes of the job's ``touched`` time.
+        ttl: the heartbeat's lease time.
+        namespace: jobpulse's key prefix.
+        redis: the ``redis.asyncio`` client for jobpulse; None uses the Redis queue's client.
+
+    Returns:
+        The settings, instrumented.
+
+    Raises:
+        ValueError, TypeError: an option is out of range (checked here, before any Redis command).
+    """
+    options = PulseOptions(interval=interval, ttl=ttl, namespace=namespace, redis=redis)
+    if not isinstance(settings, dict):
+        raise TypeError(f"settings must be a SAQ settings dict, got {type(settings).__name__}")
+    functions = [instrument_function(f, options) for f in settings["functions"]]
+    return {**settings, "functions": functions}  # type: ignore[return-value]

@@ -1,0 +1,88 @@
+"""A taskiq worker process for the tests: ``python -m tests.integrations.taskiq_worker URL QUEUE
+NAMESPACE MODE IDLE_MS`` where MODE is ``jobpulse`` (instrumented, interval 0.25 s, ttl 1 s) or
+``plain``, on a taskiq-redis ``RedisStreamBroker`` of stream QUEUE whose ``idle_timeout`` is
+IDLE_MS. Prints ``ready`` once its consumer group exists. Every task INCRs the counter key it is
+given when it starts, so the tests count executions."""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import Any
+
+import redis.asyncio as aioredis
+from taskiq.api import run_receiver_task
+from taskiq_redis import RedisAsyncResultBackend, RedisStreamBroker
+
+import jobpulse
+from jobpulse.integrations.taskiq import instrument
+
+URL, QUEUE, NAMESPACE, MODE, IDLE_MS = sys.argv[1:6]
+
+broker = RedisStreamBroker(
+    URL, queue_name=QUEUE, idle_timeout=int(IDLE_MS), xread_block=200
+).with_result_backend(RedisAsyncResultBackend(URL, prefix_str=QUEUE, result_ex_time=600))
+if MODE == "jobpulse":
+    instrument(broker, interval=0.25, ttl=1.0, namespace=NAMESPACE)
+
+_counter: list[aioredis.Redis] = []
+
+
+async def _count(key: str) -> None:
+    if not _counter:
+        _counter.append(aioredis.Redis.from_url(URL))
+    await _counter[0].incr(key)
+
+
+@broker.task(task_name="progress")
+async def progress(counter: str, n: int) -> dict[str, int]:
+    """Advances n items, one every 50 ms; returns its own result."""
+    await _count(counter)
+    hb = jobpulse.current()
+    assert hb is not None
+    hb.progress.set_total(n)
+    hb.set_stage("crunch")
+    for _ in range(n):
+        await asyncio.sleep(0.05)
+        hb.progress.advance()
+    return {"items": n}
+
+
+@broker.task(task_name="sleeper")
+async def sleeper(counter: str, seconds: float) -> str:
+    """Runs for ``seconds`` (a live task: the loop is free)."""
+    await _count(counter)
+    await asyncio.sleep(seconds)
+    return "slept"
+
+
+@broker.task(task_name="resumable")
+async def resumable(counter: str, marker: str) -> Any:
+    """First attempt: checkpoint, then run until killed. A later attempt returns resume_from."""
+    await _count(counter)
+    hb = jobpulse.current()
+    assert hb is not None
+    if hb.resume_from is not None:
+        return {"resumed_from": hb.resume_from, "attempt": hb.attempt}
+    await hb.checkpoint(step=5)
+    await _counter[0].set(marker, 1)
+    await asyncio.sleep(60)
+    return "not killed"
+
+
+@broker.task(task_name="probe")
+async def probe(counter: str) -> str:
+    """What ``jobpulse.current()`` is inside a task."""
+    await _count(counter)
+    return "none" if jobpulse.current() is None else "heartbeat"
+
+
+async def main() -> None:
+    broker.is_worker_process = True
+    await broker.startup()
+    print("ready", flush=True)
+    await run_receiver_task(broker, run_startup=False)
+
+
+if __name__ == "__main__":
+    asyncio.run(main())

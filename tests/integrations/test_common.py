@@ -1,0 +1,87 @@
+"""The pure parts shared by the queue integrations (no Redis)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import re
+
+import pytest
+
+from jobpulse.integrations import PulseOptions, job_id_for, kind_for
+from jobpulse.integrations._common import keep_claim, refresh_delays
+from tests.support import eventually
+
+VALID = re.compile(r"[A-Za-z0-9._\-:/]{1,200}")
+
+
+@pytest.mark.parametrize("queue_id", ["0f8e9a", "arq:cron:x:1", "saq:job:default:ab-1", "a" * 200])
+def test_valid_ids_are_used_as_they_are(queue_id: str) -> None:
+    assert job_id_for(queue_id) == queue_id
+    assert job_id_for(queue_id.encode()) == queue_id
+
+
+@pytest.mark.parametrize("queue_id", ["report 7", "", "a{b}", "é" * 300, "x" * 201, "tab\there"])
+def test_other_ids_map_to_a_valid_deterministic_id(queue_id: str) -> None:
+    mapped = job_id_for(queue_id)
+    assert VALID.fullmatch(mapped)
+    assert mapped == job_id_for(queue_id)
+    assert re.fullmatch(r".*\.h[0-9a-f]{16}", mapped)
+
+
+def test_mapping_keeps_a_readable_prefix_and_tells_ids_apart() -> None:
+    assert job_id_for("report 7").startswith("report_7.h")
+    assert job_id_for("report 7") != job_id_for("report_7") == "report_7"
+    assert job_id_for("report 7") != job_id_for("report?7")
+
+
+def test_kind_is_the_task_name_or_its_sanitised_form() -> None:
+    assert kind_for("reports.build") == "reports.build"
+    assert kind_for("Class.<locals>.task") == "Class._locals_.task"
+    assert len(kind_for("k" * 300)) == 100
+
+
+def test_options_are_checked_when_built() -> None:
+    with pytest.raises(ValueError, match="ttl"):
+        PulseOptions(interval=1.0, ttl=1.5)
+    with pytest.raises(ValueError, match="interval"):
+        PulseOptions(interval=0)
+    with pytest.raises(ValueError, match="namespace"):
+        PulseOptions(namespace="a b")
+    assert PulseOptions(interval=0.5, ttl=2.0).claim_ttl == 2.5
+
+
+def test_the_claim_is_refreshed_at_once_then_every_period() -> None:
+    assert list(itertools.islice(refresh_delays(0.5), 4)) == [0.0, 0.5, 0.5, 0.5]
+
+
+async def test_the_keeper_refreshes_at_once_and_goes_on_through_errors() -> None:
+    calls: list[float] = []
+
+    async def refresh() -> None:
+        calls.append(asyncio.get_running_loop().time())
+        if len(calls) == 2:
+            raise ConnectionError("redis went away")  # logged, never stops the task
+
+    async def three_calls() -> bool:
+        return len(calls) >= 3
+
+    async with keep_claim(refresh, 0.02, job_id="j"):
+        await eventually(three_calls, within=5)
+    seen = len(calls)
+    await asyncio.sleep(0.1)
+    assert len(calls) == seen  # stopped with the block
+
+
+async def test_the_keeper_stops_even_when_a_refresh_swallows_its_cancellation() -> None:
+    started = asyncio.Event()
+
+    async def refresh() -> None:
+        started.set()
+        with contextlib.suppress(asyncio.CancelledError):  # as a client library may do
+            await asyncio.sleep(10)
+
+    async with asyncio.timeout(5):  # the block's exit must not hang
+        async with keep_claim(refresh, 0.02, job_id="j"):
+            await started.wait()

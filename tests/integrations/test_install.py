@@ -1,0 +1,60 @@
+"""What the one-call installs do to the queues' settings (no Redis, no worker)."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+import pytest
+from arq.worker import func
+from taskiq_redis import RedisStreamBroker
+
+from jobpulse.integrations import arq as jp_arq
+from jobpulse.integrations import saq as jp_saq
+from jobpulse.integrations import taskiq as jp_taskiq
+
+
+async def report(ctx: dict[str, Any], rows: int) -> int:
+    return rows
+
+
+def test_arq_keeps_names_and_settings_sets_abort_and_wraps_once() -> None:
+    class WorkerSettings:
+        functions: ClassVar[list[Any]] = [
+            report,
+            func(report, name="other", timeout=5, max_tries=2),
+        ]
+
+    jp_arq.instrument(WorkerSettings, ttl=3.0)
+    first = list(WorkerSettings.functions)
+    assert [(f.name, f.timeout_s, f.max_tries) for f in first] == [
+        ("report", None, None),
+        ("other", 5, 2),
+    ]
+    assert WorkerSettings.allow_abort_jobs is True  # type: ignore[attr-defined]
+    jp_arq.instrument(WorkerSettings)
+    assert [f.coroutine for f in WorkerSettings.functions] == [f.coroutine for f in first]
+
+
+def test_arq_respects_an_explicit_allow_abort_jobs_and_returns_a_new_dict() -> None:
+    settings = {"functions": [report], "allow_abort_jobs": False}
+    out = jp_arq.instrument(settings)
+    assert out["allow_abort_jobs"] is False
+    assert settings["functions"] == [report]  # the given dict is left alone
+
+
+def test_saq_keeps_names_and_wraps_once() -> None:
+    settings = {"queue": None, "functions": [report, ("custom", report)]}
+    once = jp_saq.instrument(settings)
+    twice = jp_saq.instrument(once)
+    assert [name for name, _ in once["functions"]] == ["report", "custom"]
+    assert twice["functions"] == once["functions"]
+
+
+def test_bad_options_fail_at_install_before_any_redis_command() -> None:
+    with pytest.raises(ValueError, match="ttl"):
+        jp_arq.instrument({"functions": [report]}, interval=2.0, ttl=3.0)
+    with pytest.raises(ValueError, match="interval"):
+        jp_saq.instrument({"functions": [report]}, interval=-1)
+    broker = RedisStreamBroker("redis://127.0.0.1:1/0")  # never connected
+    with pytest.raises(ValueError, match="namespace"):
+        jp_taskiq.instrument(broker, namespace="a b")

@@ -1,0 +1,221 @@
+"""SAQ with ``jobpulse.integrations.saq``: real SAQ worker processes, the real Redis."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from saq import Queue
+from saq.job import Job, Status
+
+from jobpulse import JobState, StatusReader, request_cancel
+from jobpulse.integrations.saq import ABORT_ERROR
+from tests.support import eventually
+
+pytestmark = pytest.mark.usefixtures("queue_keys")
+
+TTL = 1.0  # what saq_worker.py gives the heartbeat (interval 0.25 s)
+WORKER = "tests.integrations.saq_worker"
+Spawn = Callable[..., subprocess.Popen[str]]
+
+
+@pytest.fixture
+async def queues(redis_url: str) -> AsyncIterator[Callable[[str], Queue]]:
+    made: list[Queue] = []
+
+    def make(name: str) -> Queue:
+        made.append(Queue.from_url(redis_url, name=name))
+        return made[-1]
+
+    yield make
+    for q in made:
+        await q.disconnect()
+
+
+@pytest.fixture
+def reader(redis: aioredis.Redis, ns: str) -> StatusReader:
+    return StatusReader(redis, namespace=ns, cache_ttl=0)
+
+
+async def _runs(redis: aioredis.Redis, queue: str, key: str) -> int:
+    return int(await redis.get(f"{queue}:runs:{key}") or 0)
+
+
+async def _ended(queue: Queue, key: str, within: float = 15) -> Job:
+    async def ended() -> Job | None:
+        job = await queue.job(key)
+        ok = job is not None and job.status in (Status.COMPLETE, Status.FAILED, Status.ABORTED)
+        return job if ok else None
+
+    return await eventually(ended, within=within)
+
+
+async def _enqueue(queue: Queue, key: str, fn: str, **kwargs: Any) -> Job:
+    job = await queue.enqueue(fn, key=key, timeout=0, **kwargs)
+    assert job is not None
+    return job
+
+
+async def test_progress_is_live_then_completed_and_saq_keeps_its_result(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    redis: aioredis.Redis,
+    queues: Callable[[str], Queue],
+    reader: StatusReader,
+) -> None:
+    queue = queues(f"{ns}-q")
+    spawn(WORKER, redis_url, queue.name, ns, "jobpulse", "60")
+    job = await _enqueue(queue, f"{ns}-1", "progress", n=40)
+
+    async def advancing() -> Any:
+        s = await reader.get(job.id)
+        return s if s.state is JobState.RUNNING and s.done > 0 else None
+
+    live = await eventually(advancing, within=10)
+    assert (live.kind, live.stage, live.total) == ("progress", "crunch", 40)
+
+    ended = await _ended(queue, job.key)
+    assert (ended.status, ended.result) == (Status.COMPLETE, {"items": 40, "job": job.key})
+    done = await reader.get(job.id)
+    assert (done.state, done.done, done.attempt) == (JobState.COMPLETED, 40, 1)
+    assert await _runs(redis, queue.name, job.key) == 1
+
+
+async def test_a_def_task_runs_in_a_thread_with_current_set(
+    spawn: Spawn, redis_url: str, ns: str, queues: Callable[[str], Queue], reader: StatusReader
+) -> None:
+    queue = queues(f"{ns}-q")
+    spawn(WORKER, redis_url, queue.name, ns, "jobpulse", "60")
+    job = await _enqueue(queue, f"{ns}-1", "threaded", n=20)
+    ended = await _ended(queue, job.key)
+    assert (ended.status, ended.result) == (Status.COMPLETE, 20)
+    done = await reader.get(job.id)
+    assert (done.state, done.done, done.kind) == (JobState.COMPLETED, 20, "threaded")
+
+
+async def test_a_live_job_past_saqs_heartbeat_runs_once_with_jobpulse_and_again_without(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, queues: Callable[[str], Queue]
+) -> None:
+    # heartbeat=1: SAQ's sweep (every second) takes a job untouched for 1 s as stuck
+    with_jp, without = queues(f"{ns}-with"), queues(f"{ns}-without")
+    spawn(WORKER, redis_url, with_jp.name, ns, "jobpulse", "1")
+    spawn(WORKER, redis_url, without.name, ns, "plain", "1")
+    a = await _enqueue(with_jp, f"{ns}-1", "sleeper", seconds=5, heartbeat=1, retries=3)
+    b = await _enqueue(without, f"{ns}-2", "sleeper", seconds=5, heartbeat=1, retries=3)
+
+    ended = await _ended(with_jp, a.key)
+    assert (ended.status, ended.result) == (Status.COMPLETE, "slept")
+    assert await _runs(redis, with_jp.name, a.key) == 1
+
+    async def run_again() -> bool:
+        return await _runs(redis, without.name, b.key) > 1
+
+    await eventually(run_again, within=15)  # swept, aborted and retried while it ran
+
+
+async def test_a_killed_workers_job_is_stale_within_ttl_then_resumed_once(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    redis: aioredis.Redis,
+    queues: Callable[[str], Queue],
+    reader: StatusReader,
+) -> None:
+    queue = queues(f"{ns}-q")
+    first = spawn(WORKER, redis_url, queue.name, ns, "jobpulse", "1")
+    job = await _enqueue(queue, f"{ns}-1", "resumable", heartbeat=2, retries=2)
+    await eventually(lambda: redis.exists(f"{queue.name}:checkpointed:{job.key}"), within=10)
+
+    os.kill(first.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    first.wait()
+
+    async def stale() -> bool:
+        return (await reader.get(job.id)).state is JobState.STALE
+
+    await eventually(stale, within=TTL + 0.5)
+    assert time.monotonic() - killed_at <= TTL + 0.5
+
+    # the next worker's sweep finds the job untouched for 2 s, aborts and retries it
+    spawn(WORKER, redis_url, queue.name, ns, "jobpulse", "1")
+    ended = await _ended(queue, job.key, within=20)
+    assert ended.status is Status.COMPLETE
+    assert ended.result == {"resumed_from": {"step": 5}, "attempt": 2}
+    assert await _runs(redis, queue.name, job.key) == 2
+    final = await reader.get(job.id)
+    assert (final.state, final.attempt) == (JobState.COMPLETED, 2)
+
+
+async def test_request_cancel_aborts_the_job_in_saq(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    redis: aioredis.Redis,
+    queues: Callable[[str], Queue],
+    reader: StatusReader,
+) -> None:
+    queue = queues(f"{ns}-q")
+    spawn(WORKER, redis_url, queue.name, ns, "jobpulse", "60")
+    job = await _enqueue(queue, f"{ns}-1", "sleeper", seconds=30)
+
+    async def running() -> bool:
+        return (await reader.get(job.id)).state is JobState.RUNNING
+
+    await eventually(running, within=10)
+    assert await request_cancel(redis, job.id, namespace=ns)
+
+    ended = await _ended(queue, job.key)
+    assert (ended.status, ended.error) == (Status.ABORTED, ABORT_ERROR)
+    assert (await reader.get(job.id)).state is JobState.CANCELLED
+    assert await _runs(redis, queue.name, job.key) == 1
+
+
+@pytest.mark.filterwarnings("ignore:Call to deprecated setex:DeprecationWarning")  # in saq 0.26
+async def test_saqs_abort_ends_the_jobpulse_job_cancelled(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    redis: aioredis.Redis,
+    queues: Callable[[str], Queue],
+    reader: StatusReader,
+) -> None:
+    queue = queues(f"{ns}-q")
+    spawn(WORKER, redis_url, queue.name, ns, "jobpulse", "60")
+    job = await _enqueue(queue, f"{ns}-1", "sleeper", seconds=30)
+
+    async def running() -> bool:
+        return (await reader.get(job.id)).state is JobState.RUNNING
+
+    await eventually(running, within=10)
+    await job.abort("stop it")
+
+    ended = await _ended(queue, job.key)
+    assert (ended.status, ended.error) == (Status.ABORTED, "stop it")
+
+    async def cancelled() -> bool:
+        return (await reader.get(job.id)).state is JobState.CANCELLED
+
+    await eventually(cancelled, within=5)
+    assert await _runs(redis, queue.name, job.key) == 1
+
+
+async def test_without_the_integration_tasks_run_and_current_is_none(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    queues: Callable[[str], Queue],
+    reader: StatusReader,
+) -> None:
+    queue = queues(f"{ns}-q")
+    spawn(WORKER, redis_url, queue.name, ns, "plain", "60")
+    job = await _enqueue(queue, f"{ns}-1", "probe")
+    ended = await _ended(queue, job.key)
+    assert (ended.status, ended.result) == (Status.COMPLETE, "none")
+    assert (await reader.get(job.id)).state is JobState.UNKNOWN

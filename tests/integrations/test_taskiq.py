@@ -1,0 +1,201 @@
+"""taskiq (taskiq-redis stream broker) with ``jobpulse.integrations.taskiq``: real taskiq worker
+processes, the real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from taskiq import AsyncTaskiqTask, TaskiqResult
+from taskiq.kicker import AsyncKicker
+from taskiq_redis import RedisAsyncResultBackend, RedisStreamBroker
+
+from jobpulse import JobCancelled, JobState, StatusReader, request_cancel
+from tests.support import eventually
+
+pytestmark = pytest.mark.usefixtures("queue_keys")
+
+TTL = 1.0  # what taskiq_worker.py gives the heartbeat (interval 0.25 s)
+WORKER = "tests.integrations.taskiq_worker"
+Spawn = Callable[..., subprocess.Popen[str]]
+Kick = Callable[..., Awaitable[AsyncTaskiqTask[Any]]]
+
+
+@pytest.fixture
+async def kicker(redis_url: str) -> AsyncIterator[Callable[[str], Kick]]:
+    """``kicker(queue)`` gives ``kick(task_name, *args)`` for that stream."""
+    brokers: list[RedisStreamBroker] = []
+
+    async def make_kick(queue: str) -> Kick:
+        broker = RedisStreamBroker(redis_url, queue_name=queue).with_result_backend(
+            RedisAsyncResultBackend(redis_url, prefix_str=queue)
+        )
+        await broker.startup()
+        brokers.append(broker)
+
+        async def kick(name: str, *args: Any) -> AsyncTaskiqTask[Any]:
+            return await AsyncKicker(task_name=name, broker=broker, labels={}).kiq(*args)
+
+        return kick
+
+    yield make_kick  # type: ignore[misc]
+    for broker in brokers:
+        await broker.shutdown()
+
+
+@pytest.fixture
+def reader(redis: aioredis.Redis, ns: str) -> StatusReader:
+    return StatusReader(redis, namespace=ns, cache_ttl=0)
+
+
+async def _runs(redis: aioredis.Redis, key: str) -> int:
+    return int(await redis.get(key) or 0)
+
+
+async def _result_nudging(
+    task: AsyncTaskiqTask[Any], *kicks: Kick, counter: str, within: float = 20
+) -> TaskiqResult[Any]:
+    """Wait for ``task``'s result, kicking a ``probe`` on each stream every 0.3 s: taskiq-redis
+    reclaims idle entries (XAUTOCLAIM) only after a read that fetched new messages."""
+
+    async def ready() -> bool:
+        if await task.is_ready():
+            return True
+        for kick in kicks:
+            await kick("probe", counter)
+        await asyncio.sleep(0.3)
+        return False
+
+    await eventually(ready, within=within)
+    return await task.get_result()
+
+
+async def test_progress_is_live_then_completed_and_taskiq_keeps_its_result(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    redis: aioredis.Redis,
+    kicker: Callable[[str], Awaitable[Kick]],
+    reader: StatusReader,
+) -> None:
+    queue, counter = f"{ns}-q", f"{ns}:runs"
+    spawn(WORKER, redis_url, queue, ns, "jobpulse", "60000")
+    kick = await kicker(queue)
+    task = await kick("progress", counter, 40)
+
+    async def advancing() -> Any:
+        s = await reader.get(task.task_id)
+        return s if s.state is JobState.RUNNING and s.done > 0 else None
+
+    live = await eventually(advancing, within=10)
+    assert (live.kind, live.stage, live.total) == ("progress", "crunch", 40)
+
+    result = await task.wait_result(timeout=15)
+    assert (result.is_err, result.return_value) == (False, {"items": 40})
+    done = await reader.get(task.task_id)
+    assert (done.state, done.done, done.attempt) == (JobState.COMPLETED, 40, 1)
+    assert await _runs(redis, counter) == 1
+
+
+async def test_a_live_task_past_the_idle_timeout_runs_once_with_jobpulse_and_again_without(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    redis: aioredis.Redis,
+    kicker: Callable[[str], Awaitable[Kick]],
+) -> None:
+    # idle_timeout=1000 ms; the task runs 4 s; probes make the broker read (and XAUTOCLAIM)
+    spawn(WORKER, redis_url, f"{ns}-with", ns, "jobpulse", "1000")
+    spawn(WORKER, redis_url, f"{ns}-without", ns, "plain", "1000")
+    kick_with, kick_without = await kicker(f"{ns}-with"), await kicker(f"{ns}-without")
+    with_jp = await kick_with("sleeper", f"{ns}:with", 4)
+    without = await kick_without("sleeper", f"{ns}:without", 4)
+
+    result = await _result_nudging(with_jp, kick_with, kick_without, counter=f"{ns}:probes")
+    assert (result.is_err, result.return_value) == (False, "slept")
+    assert await _runs(redis, f"{ns}:with") == 1
+    # without: reclaimed after 1 s idle and started again beside the first run
+    result = await _result_nudging(without, kick_without, counter=f"{ns}:probes")
+    assert (result.is_err, result.return_value) == (False, "slept")
+    assert await _runs(redis, f"{ns}:without") > 1
+
+
+async def test_a_killed_workers_task_is_stale_within_ttl_then_resumed_once(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    redis: aioredis.Redis,
+    kicker: Callable[[str], Awaitable[Kick]],
+    reader: StatusReader,
+) -> None:
+    queue, counter, marker = f"{ns}-q", f"{ns}:runs", f"{ns}:checkpointed"
+    first = spawn(WORKER, redis_url, queue, ns, "jobpulse", "1500")
+    kick = await kicker(queue)
+    task = await kick("resumable", counter, marker)
+    await eventually(lambda: redis.exists(marker), within=10)
+
+    os.kill(first.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    first.wait()
+
+    async def stale() -> bool:
+        return (await reader.get(task.task_id)).state is JobState.STALE
+
+    await eventually(stale, within=TTL + 0.5)
+    assert time.monotonic() - killed_at <= TTL + 0.5
+
+    spawn(WORKER, redis_url, queue, ns, "jobpulse", "1500")
+    result = await _result_nudging(task, kick, counter=f"{ns}:probes")
+    assert result.return_value == {"resumed_from": {"step": 5}, "attempt": 2}
+    assert await _runs(redis, counter) == 2
+    final = await reader.get(task.task_id)
+    assert (final.state, final.attempt) == (JobState.COMPLETED, 2)
+
+
+async def test_request_cancel_ends_the_task_with_a_jobcancelled_error_result(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    redis: aioredis.Redis,
+    kicker: Callable[[str], Awaitable[Kick]],
+    reader: StatusReader,
+) -> None:
+    queue, counter = f"{ns}-q", f"{ns}:runs"
+    spawn(WORKER, redis_url, queue, ns, "jobpulse", "60000")
+    kick = await kicker(queue)
+    task = await kick("sleeper", counter, 30)
+
+    async def running() -> bool:
+        return (await reader.get(task.task_id)).state is JobState.RUNNING
+
+    await eventually(running, within=10)
+    assert await request_cancel(redis, task.task_id, namespace=ns)
+
+    result = await task.wait_result(timeout=10)
+    assert result.is_err
+    assert isinstance(result.error, JobCancelled)
+    assert (await reader.get(task.task_id)).state is JobState.CANCELLED
+    assert await _runs(redis, counter) == 1
+
+
+async def test_without_the_integration_tasks_run_and_current_is_none(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    kicker: Callable[[str], Awaitable[Kick]],
+    reader: StatusReader,
+) -> None:
+    queue = f"{ns}-q"
+    spawn(WORKER, redis_url, queue, ns, "plain", "60000")
+    kick = await kicker(queue)
+    task = await kick("probe", f"{ns}:runs")
+    result = await task.wait_result(timeout=10)
+    assert result.return_value == "none"
+    assert (await reader.get(task.task_id)).state is JobState.UNKNOWN
