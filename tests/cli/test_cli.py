@@ -18,6 +18,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from jobpulse import JobState, StatusReader, heartbeat
+from jobpulse._protocol.keys import KeySchema
 from jobpulse._provision import free_port
 from tests.support import eventually
 
@@ -278,6 +279,11 @@ async def test_sweep_once_claims_a_dead_workers_job(
     claim = await cli_sweep_until(base, "sw-dead")
     assert claim["stage"] == "counting"
     assert (await reader.get("sw-dead")).state is JobState.LOST
+    raw = aioredis.Redis.from_url(redis_url)
+    try:  # printed, hence acknowledged: no later sweep hands the claim out again
+        assert await raw.hget(KeySchema(ns).state("sw-dead"), "claim") is None
+    finally:
+        await raw.aclose()
 
 
 async def test_sweep_loop_claims_and_stops_on_sigint(

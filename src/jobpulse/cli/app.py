@@ -374,6 +374,7 @@ async def _sweep(args: argparse.Namespace, url: str) -> int:
             jobs = await sweeper.sweep()
             for job in jobs:
                 emit(job)
+                await sweeper.ack(job)  # printed: handled (``--loop``'s run() acks likewise)
             if not jobs and not args.json:
                 print(f"no stale jobs in namespace {args.namespace}", flush=True)
             return ExitCode.OK
