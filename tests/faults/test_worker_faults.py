@@ -95,12 +95,20 @@ def small_redis() -> RedisServer:
 
 
 async def _fill(client: aioredis.Redis) -> None:
-    """Write filler until Redis answers OOM."""
+    """Write filler until Redis answers OOM, then keep it full.
+
+    Right at the limit, ``used_memory`` moves by more than the margin between "full" and "not
+    full" (client buffers, a pipeline's reply), so a later plain write could slip through and
+    the refusals this test counts might never come. Halving ``maxmemory`` below what is used
+    keeps every plain write refused until :func:`_free`.
+    """
     blob = b"x" * 64 * 1024
     for i in range(10_000):
         try:
             await client.set(f"filler:{i}", blob)
         except OutOfMemoryError:
+            used = int((await client.info("memory"))["used_memory"])
+            await client.config_set("maxmemory", used // 2)
             return
     raise AssertionError("maxmemory was never reached")
 
@@ -108,6 +116,7 @@ async def _fill(client: aioredis.Redis) -> None:
 async def _free(client: aioredis.Redis) -> None:
     keys = [k async for k in client.scan_iter(match="filler:*", count=1000)]
     await client.delete(*keys)
+    await client.config_set("maxmemory", "4mb")
 
 
 async def test_maxmemory_noeviction_the_work_goes_on_and_the_final_state_lands_once(
