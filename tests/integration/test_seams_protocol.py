@@ -13,6 +13,7 @@ from redis.asyncio.cluster import RedisCluster
 from jobpulse import Event, JobState, StaleJob, StatusReader, Sweeper, heartbeat
 from jobpulse._protocol.keys import KeySchema
 from jobpulse._protocol.scripts import SCRIPTS, evalsha
+from jobpulse._provision import LocalCluster
 from jobpulse.http.app import etag_of
 
 from ..support import eventually, spawn_worker, stop, url_of
@@ -300,3 +301,25 @@ async def test_a_replayed_beat_answers_as_written_and_writes_nothing_again(
     assert kinds == [b"start", b"checkpoint"]
     older = await evalsha(client, SCRIPTS.beat, keys.all(), [*args[:3], seq - 1, *args[4:]])
     assert older[0] == 0  # a seq below the snapshot's is still refused
+
+
+async def test_many_jobs_enter_at_once_on_a_cluster_client_never_initialised(
+    redis_cluster: LocalCluster, ns: str
+) -> None:
+    """A fresh ``RedisCluster`` learns its slots on its first commands; 12 jobs entering at once
+    used to get ``JobBusy`` (a replayed acquire) or redis-py's own connection-setup error. Each
+    job now starts, beats and ends COMPLETED, with no ``initialize()`` first."""
+    client = RedisCluster.from_url(redis_cluster.url)
+    try:
+
+        async def one(i: int) -> int:
+            async with heartbeat(client, f"fresh-{i}", namespace=ns, interval=0.1, ttl=2.0) as hb:
+                hb.progress.advance()
+            return hb.attempt
+
+        assert await asyncio.gather(*(one(i) for i in range(12))) == [1] * 12
+        reader = StatusReader(client, namespace=ns)
+        states = {(await reader.get(f"fresh-{i}")).state for i in range(12)}
+        assert states == {JobState.COMPLETED}
+    finally:
+        await client.aclose()

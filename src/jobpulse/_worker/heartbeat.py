@@ -242,27 +242,45 @@ class JobHeartbeat:
         args = [self._token, self._cfg.ttl_ms, self._cfg.maxlen, self._worker]
         args += [fmt_int(self._total), self._meta, "", self.kind]
         sent_at = self._clock()
-        step = "index the job"
+        acquire_sent = False
+        fault: BaseException | None = None
         try:
             async with asyncio.timeout(self._cfg.ttl):
-                enroll = evalsha(self._redis, SCRIPTS.enroll, (shard,), [self.job_id, horizon_ms])
-                deadline = int(await cancellable(enroll))
-                step = "acquire its lease"
-                # The sweeper may drop the entry from its deadline on (if the job is not
-                # RUNNING by then): start no later, with a margin for skew between nodes.
-                latest = deadline - min(self._cfg.ttl_ms, horizon_ms // 4)
-                reply = await cancellable(
-                    evalsha(self._redis, SCRIPTS.acquire, self._keys, [*args, latest])
-                )
+                delay = 0.02
+                while True:
+                    try:
+                        enroll = evalsha(
+                            self._redis, SCRIPTS.enroll, (shard,), [self.job_id, horizon_ms]
+                        )
+                        deadline = int(await cancellable(enroll))
+                        # The sweeper may drop the entry from its deadline on (if the job is
+                        # not RUNNING by then): start no later, with a margin for skew.
+                        latest = deadline - min(self._cfg.ttl_ms, horizon_ms // 4)
+                        acquire_sent = True
+                        reply = await cancellable(
+                            evalsha(self._redis, SCRIPTS.acquire, self._keys, [*args, latest])
+                        )
+                        break
+                    except Exception as exc:
+                        if not is_redis_fault(exc):
+                            raise
+                        # Both scripts are safe to replay: a fault (a reset connection, a
+                        # failover, a cluster client still learning its slots) is retried
+                        # within the acquire's bound, and a replayed acquire that finds its
+                        # own lease answers the attempt it started.
+                        fault = exc
+                        await asyncio.sleep(delay)
+                        delay = min(delay * 2, 0.5)
         except TimeoutError as exc:
             raise TimeoutError(
                 f"job {self.job_id!r}: Redis did not answer in time (ttl={self._cfg.ttl} s) "
-                f"while trying to {step}; "
+                + ("" if fault is None else f"(last fault: {fault!r}) ")
                 + (
-                    "nothing is running"
-                    if step == "index the job"
-                    else "the job was either not started, or started and indexed: if so it "
-                    "goes stale within ttl and a sweeper marks it LOST"
+                    "while trying to acquire its lease; the job was either not started, or "
+                    "started and indexed: if so it goes stale within ttl and a sweeper marks "
+                    "it LOST"
+                    if acquire_sent
+                    else "while trying to index the job; nothing is running"
                 )
             ) from exc
         code = int(reply[0])
