@@ -203,7 +203,7 @@ def render(quick: bool = False) -> Path:
     out = folder / "benchmarks.md" if quick else DOCS
     machine = next((r["machine"] for r in found.values() if "machine" in r), {})
     if "goals19" in found:  # its table also shows the read, reader and progress rows
-        from .bench_goals import merge
+        from .goals_report import merge
 
         merge(found)
 
