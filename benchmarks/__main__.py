@@ -24,6 +24,7 @@ from .common import machine_info, private_redis
 # name -> (module, kind). "own": run(quick=..., soak=...) -> result in report's shape.
 # "external": a self-contained script with run(redis_url) -> dict, given a private server.
 BENCHMARKS: dict[str, tuple[str, str]] = {
+    "goals19": ("benchmarks.bench_goals", "own"),
     "progress": ("benchmarks.bench_progress", "own"),
     "beat": ("benchmarks.bench_beat", "own"),
     "throughput": ("benchmarks.bench_throughput", "own"),

@@ -19,7 +19,7 @@ import redis.asyncio as aioredis
 
 from jobpulse import heartbeat
 
-from . import peers
+from . import bullmq, peers
 from .common import Probe, UpdateCost, advancer, median, private_redis, ratio
 from .seed import SeedJob
 
@@ -152,13 +152,16 @@ def run(quick: bool = False) -> dict[str, Any]:
                 results[impl].append(asyncio.run(fn(server.url, probe, n, interval, seconds)))
         hot = [back_to_back(server.url, probe, 500 if quick else 2000) for _ in range(rounds)]
         updates = 300 if quick else 2000
-        for name, (fn, why) in peers.cost_functions().items():
+        for name, (fn, why) in peers.cost_functions(quick).items():
             if fn is None:
                 peer_results[name] = {"skipped": why}
                 continue
             try:
                 peer_results[name] = fn(server.url, probe, n, updates)
+            except bullmq.Unavailable as exc:
+                peer_results[name] = {"skipped": str(exc)}
             except Exception as exc:  # a peer that cannot run here is reported, not fatal
+                # (BullMQ without node/npm: "not measured (npm missing)")
                 peer_results[name] = {"skipped": f"{type(exc).__name__}: {exc}"}
         probe.close()
 
@@ -297,7 +300,7 @@ def run(quick: bool = False) -> dict[str, Any]:
                     "what one update does",
                 ],
                 "rows": peer_rows,
-                "note": "; ".join(f"{k}: not run ({v})" for k, v in skipped.items()) or "",
+                "note": "; ".join(f"{k}: not measured ({v})" for k, v in skipped.items()) or "",
             },
         ],
         "plots": [

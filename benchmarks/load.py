@@ -8,7 +8,16 @@ harness out of the CPU figure.
 
 Designs: ``jobpulse`` (the process-wide ticker), ``naive`` (one task and one ``EVALSHA`` of the
 same beat script per job: the design the ticker replaced), ``seed`` (the seed's pattern), and
-the peers ``saq``, ``rq``, ``celery`` (see :mod:`benchmarks.peers`).
+the peers ``saq``, ``rq``, ``celery`` (see :mod:`benchmarks.peers`). Two references for the
+client CPU figure (issue 19): ``bodies`` runs jobpulse's N job bodies (an idle task each and the
+progress advancer over N ``ProgressCell`` objects) with no heartbeat, so its CPU is what the
+bodies cost on their own; ``floor`` beats N jobs with the seed's commands (renew ``EVALSHA``,
+``HSET``, ``EXPIRE``) pipelined per 100 ms tick over a raw asyncio socket, each command
+pre-encoded as RESP bytes and the replies parsed by hiredis: the least a Python client can
+spend per beat.
+
+Once its jobs run, the process writes ``ready`` to stderr (a harness running several load
+processes at once starts its own window after every one of them said so).
 """
 
 from __future__ import annotations
@@ -203,6 +212,90 @@ async def run_seed(url: str, n: int, interval: float, meter: Meter, ready: async
     await client.aclose()
 
 
+async def run_bodies(url: str, n: int, interval: float, meter: Meter, ready: asyncio.Event,
+                     stop: asyncio.Event) -> None:  # fmt: skip
+    """jobpulse's job bodies without jobpulse: N idle tasks and the advancer over N cells."""
+    from jobpulse import ProgressCell
+
+    cells = [ProgressCell(total=1_000_000) for _ in range(n)]
+    release = [asyncio.Event() for _ in range(n)]
+    tasks = [asyncio.create_task(ev.wait()) for ev in release]
+    iv = interval if interval > 0 else 0.001
+    adv = asyncio.create_task(advancer(cells, max(iv, 0.5), stop))
+    ready.set()
+    await stop.wait()
+    await adv
+    await _stop_staggered(tasks, release)
+
+
+def _resp(*args: bytes) -> bytes:
+    return b"*%d\r\n" % len(args) + b"".join(b"$%d\r\n%s\r\n" % (len(a), a) for a in args)
+
+
+async def run_floor(url: str, n: int, interval: float, meter: Meter, ready: asyncio.Event,
+                    stop: asyncio.Event) -> None:  # fmt: skip
+    """The seed's beat for N jobs, pipelined per 100 ms tick, pre-encoded, hiredis replies."""
+    import hiredis
+    import redis as sync_redis
+
+    from .seed import RENEW
+
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    setup = sync_redis.Redis(port=port)
+    sha = setup.script_load(RENEW).encode()
+    prefix = secrets.token_hex(3)
+    ttl = b"%d" % int(max(6.0, 4 * interval) * 1000)
+    token = b"tok-" + prefix.encode()
+    renew, hset_head, expire = [], [], []
+    for i in range(n):
+        lock, tele = b"lock:job:f%s-%d" % (prefix.encode(), i), b"job:telemetry:f%s-%d" % (
+            prefix.encode(), i)  # fmt: skip
+        setup.set(lock, token, px=int(ttl))
+        renew.append(_resp(b"EVALSHA", sha, b"1", lock, token, ttl))
+        hset_head.append(b"*12\r\n$4\r\nHSET\r\n$%d\r\n%s\r\n$8\r\nprogress\r\n" % (
+            len(tele), tele))  # fmt: skip
+        expire.append(_resp(b"EXPIRE", tele, b"3600"))
+    setup.close()
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    parser = hiredis.Reader()
+    progress = [0] * n
+    tick = 0.1
+    per_tick = max(1, round(n * tick / interval)) if interval > 0 else n
+    ready.set()
+    cursor = 0
+    t_next = time.monotonic()
+    while not stop.is_set():
+        now = int(time.time())
+        parts = []
+        for _ in range(per_tick):
+            i = cursor
+            cursor = (cursor + 1) % n
+            progress[i] += 1
+            p = b"%d" % progress[i]
+            tail = _resp(b"RUNNING")[4:]  # the value only
+            parts.append(renew[i])
+            parts.append(hset_head[i] + b"$%d\r\n%s\r\n" % (len(p), p)
+                         + b"$5\r\nstage\r\n$7\r\nRUNNING\r\n$8\r\nalloc_mb\r\n$2\r\n58\r\n"
+                         + b"$14\r\nlast_heartbeat\r\n" + _resp(b"%d" % now)[4:]
+                         + b"$6\r\nstatus\r\n" + tail)  # fmt: skip
+            parts.append(expire[i])
+        writer.write(b"".join(parts))
+        want = 3 * per_tick
+        got = 0
+        while got < want:
+            parser.feed(await reader.read(65536))
+            while got < want and (reply := parser.gets()) is not False:
+                if isinstance(reply, hiredis.ReplyError):
+                    meter.errors += 1
+                got += 1
+        meter.updates += per_tick
+        if interval > 0:
+            t_next += tick
+            await asyncio.sleep(max(0.0, t_next - time.monotonic()))
+    writer.close()
+    await writer.wait_closed()
+
+
 def _server_cpu(probe: Probe) -> float:
     info = probe.info("cpu")
     return float(info["used_cpu_sys"]) + float(info["used_cpu_user"])
@@ -215,6 +308,8 @@ def designs() -> dict[str, Any]:
         "jobpulse": run_jobpulse,
         "naive": run_naive,
         "seed": run_seed,
+        "bodies": run_bodies,
+        "floor": run_floor,
         **peers.load_functions(),
     }
 
@@ -230,6 +325,7 @@ async def measure(impl: str, url: str, n: int, interval: float, warmup: float,
     if task.done():
         task.result()  # raise the design's error
     setup = time.monotonic() - t_setup
+    print("ready", file=sys.stderr, flush=True)
     await asyncio.sleep(warmup)
     probe = Probe(int(url.rsplit(":", 1)[1].split("/")[0]))
     s0 = _server_cpu(probe)
@@ -257,6 +353,7 @@ async def measure(impl: str, url: str, n: int, interval: float, warmup: float,
         "rate": rate,
         "cpu_core_fraction": cpu,
         "cpu_pct_per_1k": 100 * cpu / (rate / 1000) if rate else None,
+        "server_us_per_update": 1e6 * (s1 - s0) / (u1 - u0) if u1 > u0 else None,
         "server_cpu_core_fraction": (s1 - s0) / (w1 - w0),
         "server_cpu_pct_per_1k": 100 * (s1 - s0) / (w1 - w0) / (rate / 1000) if rate else None,
         "setup_s": setup,

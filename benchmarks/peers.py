@@ -10,7 +10,9 @@ its public calls, as its documentation shows for progress:
   transaction). RQ sends that heartbeat every ``job_monitoring_interval`` rather than per update;
   one per update is what "progress + liveness" costs there;
 - Celery: ``task.update_state(task_id=..., state="PROGRESS", meta={...})`` on the Redis result
-  backend (Redis also as the broker; nothing beyond Redis is needed).
+  backend (Redis also as the broker; nothing beyond Redis is needed);
+- BullMQ (Node, :mod:`benchmarks.bullmq`, full run only): ``job.updateProgress(x)`` plus
+  ``job.extendLock(token, duration)``, measured server-side only (its client is not redis-py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ WHAT = {
     "SAQ": "GET job + SET whole job + PUBLISH; no lease, no fence, no liveness key",
     "RQ": "HSET meta + heartbeat transaction (worker, execution, registries); no fence",
     "Celery": "SET result + PUBLISH; no lease, no liveness",
+    "BullMQ": "updateProgress script (EXISTS, HGET, HSET, XADD event) + extendLock script (GET, "
+    "SET PX, SREM): two round trips; lock token checked, no fence",
 }
 
 
@@ -127,7 +131,36 @@ def celery_cost(url: str, probe: Probe, n: int, updates: int) -> dict[str, Any]:
     return res
 
 
-def cost_functions() -> dict[str, tuple[Callable[..., dict[str, Any]] | None, str]]:
+def bullmq_cost(url: str, probe: Probe, n: int, updates: int) -> dict[str, Any]:
+    """Server side only: commandstats and net bytes of the Node process's calls."""
+    from . import bullmq
+
+    port = int(url.rsplit(":", 1)[1].split("/")[0])
+    with bullmq.NodePeer(port, n) as peer:
+        probe.reset()
+        done = peer.ask(f"both {updates} 0")["updates"]
+        snap = probe.snapshot()
+    top = ("evalsha", "eval")
+    calls = sum(snap["cmds"].get(c, (0, 0))[0] for c in top)
+    return {
+        "updates": done,
+        "round_trips": calls / done,
+        "commands": calls / done,
+        "server_us": sum(snap["cmds"].get(c, (0, 0))[1] for c in top) / done,
+        "bytes_in": snap["net_in"] / done,
+        "bytes_out": snap["net_out"] / done,
+        "inner_calls": sum(
+            c for k, (c, _) in snap["cmds"].items() if k not in (*top, "config|resetstat")
+        )
+        / done,
+        "what": WHAT["BullMQ"],
+    }
+
+
+def cost_functions(
+    quick: bool = False,
+) -> dict[str, tuple[Callable[..., dict[str, Any]] | None, str]]:
+    """The per-update cost of each peer, or why it cannot run (BullMQ: full run only)."""
     out: dict[str, tuple[Callable[..., dict[str, Any]] | None, str]] = {}
     for name, module, fn in (("SAQ", "saq", saq_cost), ("RQ", "rq", rq_cost),
                              ("Celery", "celery", celery_cost)):  # fmt: skip
@@ -135,6 +168,7 @@ def cost_functions() -> dict[str, tuple[Callable[..., dict[str, Any]] | None, st
             out[name] = (fn, "")
         else:
             out[name] = (None, f"{PINNED[module]} is not installed (pip install -e '.[bench]')")
+    out["BullMQ"] = (None, "full run only") if quick else (bullmq_cost, "")
     return out
 
 
