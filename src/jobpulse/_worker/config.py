@@ -13,6 +13,7 @@ __all__ = [
     "HeartbeatConfig",
     "check_kind",
     "check_stage",
+    "check_total",
 ]
 
 MAX_STAGE_CHARS = 200
@@ -114,3 +115,14 @@ def check_kind(kind: object) -> str:
             f"got {kind[:50]!r}"
         )
     return kind
+
+
+def check_total(total: object) -> int | None:
+    """Return ``total`` when it is None or an int >= 0, else raise."""
+    if total is None:
+        return None
+    if isinstance(total, bool) or not isinstance(total, int):
+        raise TypeError(f"total must be an int or None, got {total!r}")
+    if total < 0:
+        raise ValueError(f"total must be >= 0, got {total}")
+    return total
