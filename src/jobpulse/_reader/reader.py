@@ -127,6 +127,24 @@ def _merge(older: _Read, newer: _Read) -> _Read:
     return replace(newer, status=status, raw=raw, fields=older.fields | newer.fields)
 
 
+def build_read(
+    job_id: str, state: str, want: frozenset[str], names: list[str], replies: list[Any]
+) -> _Read:
+    """Decode the replies of one read (``HMGET names``, ``PTTL`` alive, ``TIME``), as both
+    readers (asyncio and sync) send it."""
+    for reply in replies:
+        if is_wrongtype(reply):
+            raise ProtocolError(f"job {job_id!r}: {state} is not a hash")
+        if isinstance(reply, Exception):
+            raise reply
+    values, pttl, now = replies
+    server_ms = _server_ms(now)
+    raw = decode_values(job_id, names, values)
+    status = decode_snapshot(job_id, raw, int(pttl), server_ms)
+    exists = status.state is not JobState.UNKNOWN
+    return _Read(status, raw, want, version(job_id, raw), exists, server_ms, int(pttl))
+
+
 def _server_ms(reply: Any) -> int:
     seconds, micros = reply  # redis-py parses TIME into (seconds, microseconds)
     return int(seconds) * 1000 + int(micros) // 1000
@@ -279,16 +297,7 @@ class StatusReader:
                 values, pttl, now = await pipe.execute(raise_on_error=False)
         except UnicodeDecodeError:  # a client with decode_responses, a foreign value
             raise ProtocolError(f"job {job_id!r}: a snapshot value is not UTF-8") from None
-        for reply in (values, pttl, now):
-            if is_wrongtype(reply):
-                raise ProtocolError(f"job {job_id!r}: {keys.state} is not a hash")
-            if isinstance(reply, Exception):
-                raise reply
-        server_ms = _server_ms(now)
-        raw = decode_values(job_id, names, values)
-        status = decode_snapshot(job_id, raw, int(pttl), server_ms)
-        exists = status.state is not JobState.UNKNOWN
-        return _Read(status, raw, want, version(job_id, raw), exists, server_ms, int(pttl))
+        return build_read(job_id, keys.state, want, names, [values, pttl, now])
 
     # -- the running-jobs index and the stream's extent ----------------------------------------
 

@@ -466,13 +466,16 @@ class JobHeartbeat:
             if cause is None:
                 self._arm_expiry()
                 return
-            error = LeaseLost(self.job_id, cause)
-            for future in self._m.drain_checkpoints():
-                _fail(future, error)
-            self._on_lost(cause)
+            self.lease_expired(cause)
         except Exception as exc:  # a bug (or a broken injected clock): never a silent death
             log.exception("job %s: lease timer failed; stopping the job", self.job_id)
             self.crashed(exc)
+
+    def lease_expired(self, cause: LeaseLostCause) -> None:
+        error = LeaseLost(self.job_id, cause)
+        for future in self._m.drain_checkpoints():
+            _fail(future, error)
+        self._on_lost(cause)
 
     def _disarm_expiry(self) -> None:
         if self._expiry is not None:

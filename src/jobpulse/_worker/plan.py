@@ -17,13 +17,16 @@ from typing import Any, Generic, Protocol, TypeVar
 from .._protocol.calls import BeatReply, decode_beat
 from .._protocol.errors import is_noscript
 from .._protocol.scripts import SCRIPTS, Script
+from ..errors import LeaseLostCause
 from .machine import BeatMachine
 from .sampling import ProcessSample
 
-__all__ = ["COALESCE", "BeatPlan", "Beating", "Settled", "settle_beats"]
+__all__ = ["CHUNK", "COALESCE", "BeatPlan", "Beating", "Settled", "settle_beats"]
 
 COALESCE = 0.1
 """A beat may go out this fraction of its interval early, to share a pipeline."""
+CHUNK = 256
+"""Beats per pipeline."""
 
 
 class Beating(Protocol):
@@ -43,6 +46,10 @@ class Beating(Protocol):
     ) -> None: ...
 
     def crashed(self, exc: BaseException) -> None: ...
+
+    def lease_expired(self, cause: LeaseLostCause) -> None:
+        """The lease's local deadline passed (the machine already recorded the loss)."""
+        ...
 
 
 J = TypeVar("J", bound=Beating)

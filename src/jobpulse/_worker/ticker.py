@@ -26,14 +26,13 @@ from typing import Any
 from .._protocol.deadline import cancellable
 from .._protocol.errors import is_redis_fault, tolerate_faults
 from .._protocol.ratelimit import RateLimitedLog
-from .plan import Beating, BeatPlan, settle_beats
+from .plan import CHUNK, Beating, BeatPlan, settle_beats
 from .sampling import ProcessSample, ProcessSampler
 from .stats import WORKER_STATS
 
 __all__ = ["CHUNK", "SENDS", "Ticker"]
 
 log = logging.getLogger("jobpulse")
-CHUNK = 256
 SENDS = 16
 """Pipelines in flight at once per client: redis-py's pool refuses a 101st connection by
 default (MaxConnectionsError), and a few pipelines already keep one Redis busy."""
