@@ -80,7 +80,7 @@ def sync_worker(client: redis.Redis) -> int:
             hb.check()
             hb.progress.advance()
         written: bool = hb.checkpoint(offset=100)
-        assert written or not written
+        print(written)
         hb.set_stage("upload")
         return sync_hb.fence + hb.attempt
 
