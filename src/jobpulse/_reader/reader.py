@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -14,6 +13,7 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
+from .._checks import check_number
 from .._protocol.codec import parse_stream_id, to_text
 from .._protocol.deadline import cancellable
 from .._protocol.errors import is_no_such_key, is_redis_fault, is_wrongtype
@@ -41,11 +41,7 @@ log = logging.getLogger("jobpulse")
 
 
 def _seconds(name: str, value: object, *, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
-    if not math.isfinite(value) or value < 0 or (positive and value == 0):
-        raise ValueError(f"{name} must be {'> 0' if positive else '>= 0'}, got {value!r}")
-    return float(value)
+    return float(check_number(name, value, minimum=0, strict=positive, what="a number of seconds"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -42,11 +42,12 @@ from typing import Any
 
 from redis.exceptions import ConnectionError
 
+from .._checks import check_number
 from .._protocol import calls
 from .._protocol.calls import ClaimCode
 from .._protocol.codec import load_json
 from .._protocol.deadline import cancellable
-from .._protocol.errors import is_noscript, is_redis_fault, is_wrongtype
+from .._protocol.errors import is_noscript, is_redis_fault, is_wrongtype, tolerate_faults
 from .._protocol.keys import KeySchema
 from .._protocol.ratelimit import RateLimitedLog
 from .._protocol.scripts import SCRIPTS
@@ -500,13 +501,9 @@ class Sweeper:
         while not stop.is_set():
             started = self._clock()
             jobs: list[StaleJob] = []
-            try:
+            with tolerate_faults(self._sweep_failed):
                 async with asyncio.timeout(limit):
                     jobs = await self.sweep()
-            except Exception as exc:
-                if not is_redis_fault(exc):
-                    raise
-                self._warn.warning("jobpulse sweeper: sweep failed, retrying: %r", exc)
             for job in jobs:
                 await self._deliver(on_stale, job)
             pause = period * (1 + jitter * random.uniform(-1, 1)) - (self._clock() - started)
@@ -514,6 +511,9 @@ class Sweeper:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(pause):
                         await stop.wait()
+
+    def _sweep_failed(self, exc: BaseException) -> None:
+        self._warn.warning("jobpulse sweeper: sweep failed, retrying: %r", exc)
 
     async def _deliver(self, on_stale: OnStale | None, job: StaleJob) -> None:
         """Hand ``job`` to ``on_stale``; acknowledge it once that returned (a failing handler
@@ -526,12 +526,9 @@ class Sweeper:
             except Exception:
                 log.exception("jobpulse sweeper: on_stale failed for job %s", job.job_id)
                 return
-        try:
+        warn = self._warn.warning
+        with tolerate_faults(lambda e: warn("jobpulse sweeper: ack of %s failed: %r", job, e)):
             await self.ack(job)
-        except Exception as exc:
-            if not is_redis_fault(exc):
-                raise
-            self._warn.warning("jobpulse sweeper: ack of %s failed (redelivered): %r", job, exc)
 
     async def ack(self, job: StaleJob) -> bool:
         """Acknowledge a claimed job: it was handled, so no sweep returns it again.
@@ -562,10 +559,7 @@ class Sweeper:
 
 
 def _check_positive(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
+    check_number(name, value, minimum=0)
 
 
 def _text(value: Any) -> str:

@@ -6,6 +6,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from .._checks import check_number
+
 __all__ = [
     "MAX_ERROR_CHARS",
     "MAX_KIND_CHARS",
@@ -29,11 +31,7 @@ MAX_ERROR_CHARS = 1000
 
 
 def _positive(name: str, value: object, *, integer: bool = False) -> None:
-    kind = int if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kind):
-        raise TypeError(f"{name} must be {'an int' if integer else 'a number'}, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
+    check_number(name, value, integer=integer, minimum=0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
