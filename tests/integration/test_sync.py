@@ -8,9 +8,11 @@ import threading
 import time
 from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
+from typing import Any
 
 import pytest
 import redis
+import redis.cluster
 
 import jobpulse
 from jobpulse import JobBusy, JobCancelled, JobState, LeaseLost, LeaseLostCause
@@ -212,3 +214,22 @@ def test_sync_body_beside_cpu_bound_threads_is_never_stale(
     for t in spinners:
         t.join()
     assert states == {JobState.RUNNING}
+
+
+def test_sync_shell_and_reader_on_a_cluster(redis_cluster: Any, ns: str) -> None:
+    client = redis.cluster.RedisCluster.from_url(redis_cluster.url, socket_timeout=2.0)
+    reader = StatusReader(client, namespace=ns, cache_ttl=0.0)
+    try:
+        with heartbeat(client, "clustered", namespace=ns, interval=0.05, ttl=1.0, total=2) as hb:
+            hb.set_stage("spread")
+            assert hb.checkpoint(at=1) is True
+            hb.progress.advance(2)
+            assert reader.get("clustered").state is JobState.RUNNING
+        status = reader.get("clustered")
+        assert status.state is JobState.COMPLETED
+        assert status.done == 2
+        assert [e.kind for e in reader.watch("clustered")][-1] == "end"
+    finally:
+        for key in client.scan_iter(match=f"{ns}:*", count=1000, target_nodes="primaries"):
+            client.delete(key)
+        client.close()
