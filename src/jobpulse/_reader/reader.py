@@ -16,7 +16,7 @@ from redis.exceptions import ResponseError
 from .._checks import check_number
 from .._protocol.codec import parse_stream_id, to_text
 from .._protocol.deadline import cancellable
-from .._protocol.errors import is_no_such_key, is_redis_fault, is_wrongtype
+from .._protocol.errors import is_no_such_key, is_wrongtype, tolerate_faults
 from .._protocol.keys import KeySchema, check_job_id
 from ..errors import InvalidJobId, ProtocolError
 from .backoff import Backoff
@@ -430,30 +430,16 @@ class StatusReader:
     async def _wait(self, job_id: str, delays: Backoff) -> JobStatus:
         fresh = False
         while True:
-            try:
+            # a Redis fault falls back to polling; a corrupt key (ProtocolError) propagates
+            with tolerate_faults(lambda exc: log.debug("wait(%s): polling: %r", job_id, exc)):
                 status = await self._get(job_id, None, fresh=fresh)
-            except ProtocolError:
-                raise
-            except Exception as exc:
-                if not is_redis_fault(exc):
-                    raise
-                log.debug("jobpulse wait(%s): get failed, polling: %r", job_id, exc)
-                await asyncio.sleep(next(delays))
-                continue
-            if status.state.is_settled:
-                return status
-            fresh = True
-            if status.state is JobState.RUNNING:
-                try:
+                if status.state.is_settled:
+                    return status
+                fresh = True
+                if status.state is JobState.RUNNING:
                     await self._follow(job_id)
                     delays.reset()
                     continue  # the stream ended: read the final snapshot, past the cache
-                except ProtocolError:
-                    raise
-                except Exception as exc:
-                    if not is_redis_fault(exc):
-                        raise
-                    log.debug("jobpulse wait(%s): watch failed, polling: %r", job_id, exc)
             await asyncio.sleep(next(delays))
 
     async def _follow(self, job_id: str) -> None:

@@ -10,6 +10,7 @@ share the cache, not the reads in flight). ``watch()`` is a plain iterator over 
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
@@ -19,7 +20,7 @@ from redis.cluster import RedisCluster
 
 from .._protocol.clients import SyncClient
 from .._protocol.codec import to_text
-from .._protocol.errors import is_redis_fault
+from .._protocol.errors import tolerate_faults
 from .._protocol.keys import KeySchema, check_job_id
 from ..errors import ProtocolError
 from .backoff import Backoff
@@ -29,6 +30,8 @@ from .reader import ReaderConfig, _merge, _Read, _with_ages, build_read
 from .status import ALL_FIELDS, VERDICT_FIELDS, JobState, JobStatus, check_fields
 
 __all__ = ["SyncStatusReader"]
+
+log = logging.getLogger("jobpulse")
 
 
 class SyncStatusReader:
@@ -153,7 +156,8 @@ class SyncStatusReader:
             left = None if end is None else end - time.monotonic()
             if left is not None and left <= 0:
                 raise TimeoutError(f"job {job_id!r} did not settle within {timeout} s")
-            try:
+            # a Redis fault falls back to polling; a corrupt key (ProtocolError) propagates
+            with tolerate_faults(lambda exc: log.debug("wait(%s): polling: %r", job_id, exc)):
                 status = self._get(job_id, None, fresh=fresh)
                 if status.state.is_settled:
                     return status
@@ -163,11 +167,6 @@ class SyncStatusReader:
                         pass
                     delays.reset()
                     continue
-            except ProtocolError:
-                raise
-            except Exception as exc:
-                if not is_redis_fault(exc):
-                    raise
             pause = next(delays)
             time.sleep(pause if left is None else max(0.0, min(pause, left)))
 
