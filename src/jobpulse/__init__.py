@@ -3,15 +3,22 @@
 The public API is exactly what this module re-exports; every other module is private.
 """
 
+from . import sync as sync
 from ._reader.backoff import Backoff as Backoff
+from ._reader.cache import CacheStatistics as CacheStatistics
 from ._reader.event import Event as Event
+from ._reader.reader import ReaderStatistics as ReaderStatistics
 from ._reader.reader import StatusReader as StatusReader
 from ._reader.status import JobState as JobState
 from ._reader.status import JobStatus as JobStatus
+from ._reader.watch import HubStatistics as HubStatistics
 from ._recovery.control import request_cancel as request_cancel
+from ._recovery.sweeper import OnStale as OnStale
 from ._recovery.sweeper import StaleJob as StaleJob
 from ._recovery.sweeper import Sweeper as Sweeper
+from ._recovery.sweeper import SweeperStatistics as SweeperStatistics
 from ._worker.current import current as current
+from ._worker.heartbeat import HeartbeatStatistics as HeartbeatStatistics
 from ._worker.heartbeat import JobHeartbeat as JobHeartbeat
 from ._worker.heartbeat import heartbeat as heartbeat
 from ._worker.progress import ProgressCell as ProgressCell
@@ -28,7 +35,10 @@ __version__ = "0.1.0"
 
 __all__ = (
     "Backoff",
+    "CacheStatistics",
     "Event",
+    "HeartbeatStatistics",
+    "HubStatistics",
     "InvalidJobId",
     "JobBusy",
     "JobCancelled",
@@ -38,13 +48,17 @@ __all__ = (
     "JobpulseError",
     "LeaseLost",
     "LeaseLostCause",
+    "OnStale",
     "ProgressCell",
     "ProtocolError",
+    "ReaderStatistics",
     "StaleJob",
     "StateNotWritten",
     "StatusReader",
     "Sweeper",
+    "SweeperStatistics",
     "current",
     "heartbeat",
     "request_cancel",
+    "sync",
 )

@@ -37,7 +37,7 @@ async def cancel(client: aioredis.Redis) -> bool:
 
 
 def stage_of_current_job() -> str | None:
-    hb: JobHeartbeat | None = jobpulse.current()
+    hb: JobHeartbeat | jobpulse.sync.SyncHeartbeat | None = jobpulse.current()
     if hb is None:
         return None
     hb.set_stage("load")

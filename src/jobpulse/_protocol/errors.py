@@ -17,6 +17,8 @@ produces every one of them on real Redis and Valkey servers).
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from types import TracebackType
 
 from redis.exceptions import (
@@ -47,6 +49,7 @@ __all__ = [
     "is_unknown_command",
     "is_wrongtype",
     "refuses_blocking",
+    "tolerate_faults",
 ]
 
 # The classes redis-py maps a code to (and strips the code from the text). Order matters:
@@ -187,3 +190,19 @@ def _closed_under_us(exc: BaseException) -> bool:
         last, tb = tb, tb.tb_next
     module = "" if last is None else str(last.tb_frame.f_globals.get("__name__", ""))
     return module in ("redis.asyncio.connection", "redis.connection")
+
+
+@contextmanager
+def tolerate_faults(on_fault: Callable[[BaseException], object]) -> Iterator[None]:
+    """Run the block; a Redis fault (:func:`is_redis_fault`) is handed to ``on_fault`` and
+    swallowed, anything else propagates. The one boundary of best-effort Redis calls::
+
+        with tolerate_faults(lambda exc: warn("could not index: %r", exc)):
+            await pipe.execute()
+    """
+    try:
+        yield
+    except Exception as exc:
+        if not is_redis_fault(exc):
+            raise
+        on_fault(exc)

@@ -1,4 +1,4 @@
-"""The Lua scripts, loaded once from ``lua/*.lua``, and the one EVALSHA path.
+"""The Lua scripts, loaded once from ``lua/*.lua``, sent through the typed calls of ``calls.py``.
 
 A script whose first line is ``--! include: NAME`` is assembled at import time with
 ``lua/NAME.lua`` prepended (Redis has no Lua include). The assembled text is what is loaded
@@ -11,8 +11,6 @@ import hashlib
 from dataclasses import dataclass
 from importlib import resources
 from typing import Any
-
-from redis.exceptions import NoScriptError
 
 __all__ = ["SCRIPTS", "Script", "Scripts", "evalsha"]
 
@@ -63,9 +61,7 @@ SCRIPTS = Scripts.load()
 
 
 async def evalsha(redis: Any, script: Script, keys: tuple[str, ...], args: list[Any]) -> Any:
-    """Run ``script`` by SHA; after a NOSCRIPT (restart, SCRIPT FLUSH) load it and run again."""
-    try:
-        return await redis.evalsha(script.sha, len(keys), *keys, *args)
-    except NoScriptError:
-        await redis.script_load(script.text)
-        return await redis.evalsha(script.sha, len(keys), *keys, *args)
+    """Run ``script`` with an undecoded reply (tests and tools): ``calls.run`` underneath."""
+    from .calls import Call, run
+
+    return await run(redis, Call(script, keys, tuple(args), lambda reply: reply))

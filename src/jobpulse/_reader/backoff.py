@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import math
 import random
 from collections.abc import Iterator
+
+from .._checks import check_number
 
 __all__ = ["Backoff"]
 
 
 def _number(name: str, value: object) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number, got {value!r}")
-    if not math.isfinite(value):
-        raise ValueError(f"{name} must be finite, got {value!r}")
-    return float(value)
+    return float(check_number(name, value))
 
 
 class Backoff(Iterator[float]):

@@ -128,6 +128,25 @@ class SnapshotCache(Generic[V]):
         slot = self._entries.get(key)
         return None if slot is None else slot.value
 
+    def hit(self, key: str, want: frozenset[str], *, fresh: bool = False) -> tuple[V, float] | None:
+        """The cached value of ``key`` and its age when it holds ``want`` and is young enough
+        (counted as a hit), else None (counted as a miss). Shared by the sync reader."""
+        now = self._clock()
+        slot = self._entries.get(key)
+        if not fresh and slot is not None and want <= slot.value.fields:
+            age = now - slot.fetched_at
+            if age < (self._terminal_ttl if slot.value.terminal else self._ttl):
+                self._entries.move_to_end(key)
+                self._hits += 1
+                return slot.value, age
+        self._misses += 1
+        return None
+
+    def admit(self, key: str, new: V) -> tuple[V, float]:
+        """Store a value fetched outside :meth:`get` (the sync reader); never back in time."""
+        self._fetches += 1
+        return self._admit(key, new)
+
     async def get(
         self,
         key: str,
@@ -144,15 +163,9 @@ class SnapshotCache(Generic[V]):
             fetch: reads ``want`` from Redis (one round trip).
             fresh: skip the cache and any fetch in flight: the read starts after this call.
         """
-        now = self._clock()
-        slot = self._entries.get(key)
-        if not fresh and slot is not None and want <= slot.value.fields:
-            age = now - slot.fetched_at
-            if age < (self._terminal_ttl if slot.value.terminal else self._ttl):
-                self._entries.move_to_end(key)
-                self._hits += 1
-                return slot.value, age
-        self._misses += 1
+        cached = self.hit(key, want, fresh=fresh)
+        if cached is not None:
+            return cached
         if not fresh and self._ttl > 0:
             for flight in self._inflight.get(key, ()):
                 if want <= flight.fields:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
@@ -14,9 +13,10 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
+from .._checks import check_number
 from .._protocol.codec import parse_stream_id, to_text
 from .._protocol.deadline import cancellable
-from .._protocol.errors import is_no_such_key, is_redis_fault, is_wrongtype
+from .._protocol.errors import is_no_such_key, is_wrongtype, tolerate_faults
 from .._protocol.keys import KeySchema, check_job_id
 from ..errors import InvalidJobId, ProtocolError
 from .backoff import Backoff
@@ -41,11 +41,7 @@ log = logging.getLogger("jobpulse")
 
 
 def _seconds(name: str, value: object, *, positive: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number of seconds, got {value!r}")
-    if not math.isfinite(value) or value < 0 or (positive and value == 0):
-        raise ValueError(f"{name} must be {'> 0' if positive else '>= 0'}, got {value!r}")
-    return float(value)
+    return float(check_number(name, value, minimum=0, strict=positive, what="a number of seconds"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -125,6 +121,24 @@ def _merge(older: _Read, newer: _Read) -> _Read:
     raw = {**older.raw, **newer.raw}
     status = decode_snapshot(older.status.job_id, raw, newer.alive_pttl, newer.server_ms)
     return replace(newer, status=status, raw=raw, fields=older.fields | newer.fields)
+
+
+def build_read(
+    job_id: str, state: str, want: frozenset[str], names: list[str], replies: list[Any]
+) -> _Read:
+    """Decode the replies of one read (``HMGET names``, ``PTTL`` alive, ``TIME``), as both
+    readers (asyncio and sync) send it."""
+    for reply in replies:
+        if is_wrongtype(reply):
+            raise ProtocolError(f"job {job_id!r}: {state} is not a hash")
+        if isinstance(reply, Exception):
+            raise reply
+    values, pttl, now = replies
+    server_ms = _server_ms(now)
+    raw = decode_values(job_id, names, values)
+    status = decode_snapshot(job_id, raw, int(pttl), server_ms)
+    exists = status.state is not JobState.UNKNOWN
+    return _Read(status, raw, want, version(job_id, raw), exists, server_ms, int(pttl))
 
 
 def _server_ms(reply: Any) -> int:
@@ -279,16 +293,7 @@ class StatusReader:
                 values, pttl, now = await pipe.execute(raise_on_error=False)
         except UnicodeDecodeError:  # a client with decode_responses, a foreign value
             raise ProtocolError(f"job {job_id!r}: a snapshot value is not UTF-8") from None
-        for reply in (values, pttl, now):
-            if is_wrongtype(reply):
-                raise ProtocolError(f"job {job_id!r}: {keys.state} is not a hash")
-            if isinstance(reply, Exception):
-                raise reply
-        server_ms = _server_ms(now)
-        raw = decode_values(job_id, names, values)
-        status = decode_snapshot(job_id, raw, int(pttl), server_ms)
-        exists = status.state is not JobState.UNKNOWN
-        return _Read(status, raw, want, version(job_id, raw), exists, server_ms, int(pttl))
+        return build_read(job_id, keys.state, want, names, [values, pttl, now])
 
     # -- the running-jobs index and the stream's extent ----------------------------------------
 
@@ -425,30 +430,16 @@ class StatusReader:
     async def _wait(self, job_id: str, delays: Backoff) -> JobStatus:
         fresh = False
         while True:
-            try:
+            # a Redis fault falls back to polling; a corrupt key (ProtocolError) propagates
+            with tolerate_faults(lambda exc: log.debug("wait(%s): polling: %r", job_id, exc)):
                 status = await self._get(job_id, None, fresh=fresh)
-            except ProtocolError:
-                raise
-            except Exception as exc:
-                if not is_redis_fault(exc):
-                    raise
-                log.debug("jobpulse wait(%s): get failed, polling: %r", job_id, exc)
-                await asyncio.sleep(next(delays))
-                continue
-            if status.state.is_settled:
-                return status
-            fresh = True
-            if status.state is JobState.RUNNING:
-                try:
+                if status.state.is_settled:
+                    return status
+                fresh = True
+                if status.state is JobState.RUNNING:
                     await self._follow(job_id)
                     delays.reset()
                     continue  # the stream ended: read the final snapshot, past the cache
-                except ProtocolError:
-                    raise
-                except Exception as exc:
-                    if not is_redis_fault(exc):
-                        raise
-                    log.debug("jobpulse wait(%s): watch failed, polling: %r", job_id, exc)
             await asyncio.sleep(next(delays))
 
     async def _follow(self, job_id: str) -> None:

@@ -25,7 +25,7 @@ from redis.asyncio import ConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
 
 from .._protocol.codec import parse_stream_id
-from .._protocol.errors import is_redis_fault
+from .._protocol.errors import tolerate_faults
 from .._protocol.keys import KeySchema
 from .watch import HubStatistics, _Stream, _Watcher
 from .xread import XReadLoop
@@ -177,19 +177,17 @@ class WatchHub:
         if not self._cluster:
             return
         async with self._reroute_lock:
-            try:
+            failed: list[BaseException] = []
+            with tolerate_faults(failed.append):
                 await self._redis.nodes_manager.initialize()
-            except Exception as exc:
-                if not is_redis_fault(exc):
-                    raise
-                log.warning("jobpulse watch: cluster slot refresh failed: %r", exc)
+            if failed:
+                log.warning("jobpulse watch: cluster slot refresh failed: %r", failed[0])
                 return
             for stream in list(loop.streams.values()):
-                try:
+                target: XReadLoop | None = None
+                with tolerate_faults(lambda _: None):
                     target = self._loop_for(stream.key)
-                except Exception as exc:
-                    if not is_redis_fault(exc):
-                        raise
+                if target is None:
                     continue  # the slot is not covered yet (failover in progress): stay
                 if target is not loop:
                     loop.discard(stream)

@@ -22,7 +22,13 @@ from typing import TYPE_CHECKING, Any
 from redis.exceptions import AskError, ClusterDownError, MovedError, ResponseError, TryAgainError
 
 from .._protocol.codec import TERMINAL_STATUSES, to_text
-from .._protocol.errors import error_code, is_redis_fault, is_wrongtype, refuses_blocking
+from .._protocol.errors import (
+    error_code,
+    is_redis_fault,
+    is_wrongtype,
+    refuses_blocking,
+    tolerate_faults,
+)
 from ..errors import ProtocolError
 from .backoff import Backoff
 from .event import Event, decode_event
@@ -397,7 +403,12 @@ class XReadLoop:
     async def _unblock(self) -> None:
         # Retried: CLIENT UNBLOCK answers 0 when the XREAD has not reached the server yet (or
         # has just returned); stop once the call in flight names every stream, or none is.
-        try:
+        def failed(exc: BaseException) -> None:
+            if isinstance(exc, ResponseError):
+                self._unblock_allowed = False  # e.g. NOPERM: rely on the block timeout
+            log.warning("jobpulse watch: CLIENT UNBLOCK failed: %r", exc)
+
+        with tolerate_faults(failed):
             for _ in range(1000):
                 if not self._reading or self._sent.issuperset(self.streams):
                     return
@@ -407,9 +418,3 @@ class XReadLoop:
                 self.unblocks += 1
                 await self._node.client_unblock(client_id)
                 await asyncio.sleep(0.002)
-        except Exception as exc:
-            if not is_redis_fault(exc):
-                raise
-            if isinstance(exc, ResponseError):
-                self._unblock_allowed = False  # e.g. NOPERM: rely on the block timeout
-            log.warning("jobpulse watch: CLIENT UNBLOCK failed: %r", exc)

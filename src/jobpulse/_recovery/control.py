@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._protocol import calls
 from .._protocol.codec import dump_json
 from .._protocol.keys import KeySchema
-from .._protocol.scripts import SCRIPTS, evalsha
 
 __all__ = ["request_cancel"]
 
@@ -41,5 +41,5 @@ async def request_cancel(
     """
     keys = KeySchema(namespace).job(job_id).all()
     details = "" if reason is None else dump_json({"reason": reason}, limit=4096, name="reason")
-    reply = await evalsha(redis, SCRIPTS.cancel, keys, [maxlen, details])
-    return int(reply) > 0
+    code = await calls.run(redis, calls.cancel(keys, maxlen, details))
+    return code is not calls.CancelCode.NOT_RUNNING

@@ -42,14 +42,19 @@ from typing import Any
 
 from redis.exceptions import ConnectionError
 
+from .._checks import check_number
+from .._protocol import calls
+from .._protocol.calls import ClaimCode
 from .._protocol.codec import load_json
 from .._protocol.deadline import cancellable
-from .._protocol.errors import is_noscript, is_redis_fault, is_wrongtype
+from .._protocol.errors import is_noscript, is_redis_fault, is_wrongtype, tolerate_faults
 from .._protocol.keys import KeySchema
-from .._protocol.scripts import SCRIPTS, evalsha
-from .._worker.ratelimit import RateLimitedLog
+from .._protocol.ratelimit import RateLimitedLog
+from .._protocol.scripts import SCRIPTS
 from ..errors import InvalidJobId
 from .tally import MAX_KINDS, forget_ops
+
+_SWEEP_SCRIPTS = (SCRIPTS.claim, SCRIPTS.unindex, SCRIPTS.tally)
 
 __all__ = ["OnStale", "StaleJob", "Sweeper", "SweeperConfig", "SweeperStatistics"]
 
@@ -290,7 +295,7 @@ class Sweeper:
         self._commands += 1
         # tally.lua: the server's clock, and the mark "a sweeper ran now" (sweep_ms)
         keys = (self._schema.stats(), self._schema.claims_seen())
-        return int(await cancellable(evalsha(self._redis, SCRIPTS.tally, keys, [])))
+        return await cancellable(calls.run(self._redis, calls.tally(*keys)))
 
     async def _read(self, shards: list[str], now_ms: int) -> dict[str, list[tuple[str, float]]]:
         ops = [_zrange_byscore(shard, now_ms, self._cfg.batch) for shard in shards]
@@ -306,7 +311,7 @@ class Sweeper:
         self, candidates: dict[str, list[tuple[str, float]]], now_ms: int, token: str
     ) -> _Round:
         decided = _Round()
-        calls: list[tuple[str, str, float]] = []
+        pending: list[tuple[str, str, float]] = []
         ops: list[Callable[[Any], object]] = []
         error = f"stale: no heartbeat within the lease; claimed by sweeper {self.name}"
         redeliver_ms = math.ceil(self._cfg.redeliver_after * 1000)
@@ -321,8 +326,8 @@ class Sweeper:
                     self._warn.warning("jobpulse sweeper: dropping index entry %r", member)
                     decided.unindex.setdefault(shard, []).append((member, score))
                     continue
-                calls.append((shard, member, score))
-                ops.append(_evalsha(SCRIPTS.claim.sha, keys, args))
+                pending.append((shard, member, score))
+                ops.append(_command(calls.claim(keys, args)))
         replies = await self._execute(ops)
         # A claim whose reply was lost (a cut connection; a cluster pipeline does not retry)
         # is sent once more with the same token: claim.lua answers a replay with its claim.
@@ -331,7 +336,7 @@ class Sweeper:
             again = await self._execute([ops[i] for i in lost])
             for i, reply in zip(lost, again, strict=True):
                 replies[i] = reply
-        for (shard, member, score), reply in zip(calls, replies, strict=True):
+        for (shard, member, score), reply in zip(pending, replies, strict=True):
             if isinstance(reply, Exception):
                 # An error reply for this command only (other claims of the pipeline stand).
                 self._warn.warning("jobpulse sweeper: claim of %r failed: %r", member, reply)
@@ -341,10 +346,10 @@ class Sweeper:
                     decided.unresolved.add(shard)
                 continue
             code = int(reply[0])
-            if code == 1:  # a new claim, or one made earlier and never acknowledged
+            if code == ClaimCode.CLAIMED:  # a new claim, or one made earlier and never acknowledged
                 decided.claimed.append(_stale_job(member, reply))
                 decided.rescore.setdefault(shard, {})[member] = now_ms + redeliver_ms
-            elif code == 0:
+            elif code == ClaimCode.NOT_RUNNING:
                 self._dropped += 1
                 decided.unindex.setdefault(shard, []).append((member, score))
             else:
@@ -374,7 +379,7 @@ class Sweeper:
         shards: list[str] = []
         for shard, entries in decided.unindex.items():
             pairs = [x for member, score in entries for x in (member, repr(score))]
-            ops.append(_evalsha(SCRIPTS.unindex.sha, (shard,), pairs))
+            ops.append(_command(calls.unindex(shard, pairs)))
             shards.append(shard)
         for shard, members in decided.rescore.items():
             # XX: never re-add an entry the worker removed at its end; GT: never move back a
@@ -393,7 +398,7 @@ class Sweeper:
         replies = await self._pipeline(ops)
         redo = [i for i, reply in enumerate(replies) if is_noscript(reply)]
         if redo:
-            for script in (SCRIPTS.claim, SCRIPTS.unindex, SCRIPTS.tally):
+            for script in calls.scripts_to_load(replies, _SWEEP_SCRIPTS):
                 self._round_trips += 1
                 self._commands += 1
                 await cancellable(self._redis.script_load(script.text))
@@ -496,13 +501,9 @@ class Sweeper:
         while not stop.is_set():
             started = self._clock()
             jobs: list[StaleJob] = []
-            try:
+            with tolerate_faults(self._sweep_failed):
                 async with asyncio.timeout(limit):
                     jobs = await self.sweep()
-            except Exception as exc:
-                if not is_redis_fault(exc):
-                    raise
-                self._warn.warning("jobpulse sweeper: sweep failed, retrying: %r", exc)
             for job in jobs:
                 await self._deliver(on_stale, job)
             pause = period * (1 + jitter * random.uniform(-1, 1)) - (self._clock() - started)
@@ -510,6 +511,9 @@ class Sweeper:
                 with contextlib.suppress(TimeoutError):
                     async with asyncio.timeout(pause):
                         await stop.wait()
+
+    def _sweep_failed(self, exc: BaseException) -> None:
+        self._warn.warning("jobpulse sweeper: sweep failed, retrying: %r", exc)
 
     async def _deliver(self, on_stale: OnStale | None, job: StaleJob) -> None:
         """Hand ``job`` to ``on_stale``; acknowledge it once that returned (a failing handler
@@ -522,12 +526,9 @@ class Sweeper:
             except Exception:
                 log.exception("jobpulse sweeper: on_stale failed for job %s", job.job_id)
                 return
-        try:
+        warn = self._warn.warning
+        with tolerate_faults(lambda e: warn("jobpulse sweeper: ack of %s failed: %r", job, e)):
             await self.ack(job)
-        except Exception as exc:
-            if not is_redis_fault(exc):
-                raise
-            self._warn.warning("jobpulse sweeper: ack of %s failed (redelivered): %r", job, exc)
 
     async def ack(self, job: StaleJob) -> bool:
         """Acknowledge a claimed job: it was handled, so no sweep returns it again.
@@ -551,17 +552,14 @@ class Sweeper:
         keys = self._schema.job(job.job_id).all()
         self._round_trips += 1
         self._commands += 1
-        return int(await evalsha(self._redis, SCRIPTS.ack, keys, [job.fence])) == 1
+        return await calls.run(self._redis, calls.ack(keys, job.fence))
 
 
 # -- helpers (pure) ------------------------------------------------------------------------------
 
 
 def _check_positive(name: str, value: object) -> None:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise TypeError(f"{name} must be a number, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
+    check_number(name, value, minimum=0)
 
 
 def _text(value: Any) -> str:
@@ -603,10 +601,8 @@ def _zrange_byscore(shard: str, now_ms: int, batch: int) -> Callable[[Any], obje
     )
 
 
-def _evalsha(sha: str, keys: tuple[str, ...], args: list[Any]) -> Callable[[Any], object]:
-    # execute_command: redis-py blocks pipe.evalsha() on RedisCluster pipelines; EVALSHA is
-    # routed by its keys (one slot: a job's keys, or one index shard) all the same.
-    return lambda pipe: pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+def _command(call: calls.Call[Any]) -> Callable[[Any], object]:
+    return lambda pipe: pipe.execute_command(*call.command())
 
 
 def _zadd_later(shard: str, members: dict[str, int]) -> Callable[[Any], object]:

@@ -14,8 +14,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
+from .._protocol import calls
 from .._protocol.keys import KeySchema
-from .._protocol.scripts import SCRIPTS
 
 if TYPE_CHECKING:
     from .sweeper import StaleJob
@@ -49,11 +49,11 @@ def forget_ops(
         older = str(now_ms - 1)
         for kind in kinds:
             by_kind.setdefault(kind, []).extend(x for job in ended for x in (job, older))
-    ops = [_evalsha(SCRIPTS.unindex.sha, (schema.kind_index(k),), v) for k, v in by_kind.items()]
+    ops = [_command(calls.unindex(schema.kind_index(k), v)) for k, v in by_kind.items()]
     if tally:
-        ops.append(_evalsha(SCRIPTS.tally.sha, (schema.stats(), schema.claims_seen()), tally))
+        ops.append(_command(calls.tally(schema.stats(), schema.claims_seen(), tally)))
     return ops
 
 
-def _evalsha(sha: str, keys: tuple[str, ...], args: list[str]) -> Op:
-    return lambda pipe: pipe.execute_command("EVALSHA", sha, len(keys), *keys, *args)
+def _command(call: calls.Call[int]) -> Op:
+    return lambda pipe: pipe.execute_command(*call.command())

@@ -6,6 +6,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from .._checks import check_number
+
 __all__ = [
     "MAX_ERROR_CHARS",
     "MAX_KIND_CHARS",
@@ -13,6 +15,7 @@ __all__ = [
     "HeartbeatConfig",
     "check_kind",
     "check_stage",
+    "check_total",
 ]
 
 MAX_STAGE_CHARS = 200
@@ -28,11 +31,7 @@ MAX_ERROR_CHARS = 1000
 
 
 def _positive(name: str, value: object, *, integer: bool = False) -> None:
-    kind = int if integer else (int, float)
-    if isinstance(value, bool) or not isinstance(value, kind):
-        raise TypeError(f"{name} must be {'an int' if integer else 'a number'}, got {value!r}")
-    if not math.isfinite(value) or value <= 0:
-        raise ValueError(f"{name} must be > 0, got {value!r}")
+    check_number(name, value, integer=integer, minimum=0)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -114,3 +113,14 @@ def check_kind(kind: object) -> str:
             f"got {kind[:50]!r}"
         )
     return kind
+
+
+def check_total(total: object) -> int | None:
+    """Return ``total`` when it is None or an int >= 0, else raise."""
+    if total is None:
+        return None
+    if isinstance(total, bool) or not isinstance(total, int):
+        raise TypeError(f"total must be an int or None, got {total!r}")
+    if total < 0:
+        raise ValueError(f"total must be >= 0, got {total}")
+    return total

@@ -14,14 +14,18 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from .heartbeat import JobHeartbeat
+    from .sync_heartbeat import SyncHeartbeat
 
 __all__ = ["current", "enter_current", "leave_current"]
 
-_CURRENT: ContextVar[JobHeartbeat | None] = ContextVar("jobpulse_current", default=None)
+_CURRENT: ContextVar[JobHeartbeat | SyncHeartbeat | None] = ContextVar(
+    "jobpulse_current", default=None
+)
 
 
-def current() -> JobHeartbeat | None:
-    """The heartbeat of the job running in this asyncio task (or thread), else None.
+def current() -> JobHeartbeat | SyncHeartbeat | None:
+    """The heartbeat of the job running in this asyncio task (a :class:`~jobpulse.JobHeartbeat`)
+    or thread (a :class:`jobpulse.sync.SyncHeartbeat`), else None.
 
     Library code and queue integrations reach the running job's heartbeat through it without
     being handed it: ``hb = jobpulse.current()``; ``if hb is not None: hb.set_stage("load")``.
@@ -30,12 +34,12 @@ def current() -> JobHeartbeat | None:
     return _CURRENT.get()
 
 
-def enter_current(hb: JobHeartbeat) -> Token[JobHeartbeat | None]:
+def enter_current(hb: JobHeartbeat | SyncHeartbeat) -> Token[JobHeartbeat | SyncHeartbeat | None]:
     """Make ``hb`` current in this context; pass the token to :func:`leave_current` at exit."""
     return _CURRENT.set(hb)
 
 
-def leave_current(token: Token[JobHeartbeat | None] | None) -> None:
+def leave_current(token: Token[JobHeartbeat | SyncHeartbeat | None] | None) -> None:
     """Restore what was current before the matching :func:`enter_current`."""
     if token is not None:
         # exited in another context than it was entered in: nothing there to undo

@@ -1,16 +1,16 @@
-"""``heartbeat()`` and ``JobHeartbeat``: the worker side of a job.
+"""``heartbeat()`` and ``JobHeartbeat``: the asyncio shell of a job's heartbeat.
 
-The body runs in the caller's task. Beats are not sent by a task of the job's own: every job of
-a process (per Redis client) is beaten by one shared :class:`~jobpulse._worker.ticker.Ticker`,
-which pipelines the ``EVALSHA``s of all due jobs. This class holds the job's state and the pure
-bookkeeping the ticker calls: build the next beat, take its reply.
+Every decision (what a beat carries, what a reply means, which final state) is the pure
+:class:`~jobpulse._worker.machine.BeatMachine`'s; this shell does the I/O and the timers. Beats
+are not sent by a task of the job's own: every job of a process (per Redis client) is beaten by
+one shared :class:`~jobpulse._worker.ticker.Ticker`, which pipelines the ``EVALSHA``s of all due
+jobs and talks to a job through the narrow ``Beating`` interface (``beat``, ``beat_replied``,
+``beat_failed``, ``crashed``).
 
 Invariants:
-  * at most one beat of a job is in flight; ``seq`` grows by one per beat sent;
-  * once the lease is lost no further write of this worker is sent, except the LOST record after
-    an EXPIRED loss, which the finish script accepts only if nobody claimed the job;
   * the body is cancelled by us at most once per cause, and exactly those cancellations are
-    taken back (``Task.uncancel``) when they are turned into ``LeaseLost``/``JobCancelled``.
+    taken back (``Task.uncancel``) when they are turned into ``LeaseLost``/``JobCancelled``;
+  * after exit began, late beat replies are ignored: the final write decides.
 """
 
 from __future__ import annotations
@@ -18,30 +18,25 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
-import os
-import secrets
-import socket
 import time
-from collections import deque
 from collections.abc import Callable
 from contextvars import Token
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
-from .._protocol.codec import dump_json, fmt_float, fmt_int, load_json
+from .._protocol import calls
+from .._protocol.calls import BeatReply
+from .._protocol.clients import AsyncClient
 from .._protocol.deadline import cancellable
-from .._protocol.errors import is_redis_fault
-from .._protocol.keys import KeySchema, check_job_id
-from .._protocol.scripts import SCRIPTS, evalsha
-from ..errors import JobBusy, JobCancelled, LeaseLost, LeaseLostCause, StateNotWritten
-from .config import MAX_ERROR_CHARS, HeartbeatConfig, check_kind, check_stage
+from .._protocol.errors import is_redis_fault, tolerate_faults
+from .._protocol.ratelimit import RateLimitedLog
+from ..errors import JobCancelled, LeaseLost, LeaseLostCause, StateNotWritten
 from .current import enter_current, leave_current
-from .lease import BeatOutcome, Lease, classify_beat
+from .lease import Lease
+from .machine import ACQUIRE_RETRY_CAP, ACQUIRE_RETRY_FIRST, BeatMachine, ReplyVerdict
 from .progress import ProgressCell
-from .ratelimit import RateLimitedLog
-from .sampling import ProcessSample, RateWindow
+from .sampling import ProcessSample
 from .stats import WORKER_STATS, notify
 from .ticker import Ticker
 
@@ -52,7 +47,16 @@ log = logging.getLogger("jobpulse")
 
 @dataclass(frozen=True, slots=True)
 class HeartbeatStatistics:
-    """Counters of one heartbeat, for logs and tests."""
+    """Counters of one heartbeat (``JobHeartbeat.statistics()``), for logs and tests.
+
+    Attributes:
+        beats_sent: beats built and sent.
+        beats_written: beats Redis answered as written.
+        beats_failed: beats that got no answer or an error (each retried).
+        seq: the last sequence number sent.
+        fence: this attempt's fence.
+        lease: ``"held"`` or ``"lost (cause)"``.
+    """
 
     beats_sent: int
     beats_written: int
@@ -60,6 +64,11 @@ class HeartbeatStatistics:
     seq: int
     fence: int
     lease: str
+
+    @classmethod
+    def of(cls, machine: BeatMachine[Any]) -> HeartbeatStatistics:
+        m = machine
+        return cls(m.beats, m.written, m.failed, m.seq, m.fence, str(m.lease))
 
 
 class JobHeartbeat:
@@ -77,7 +86,7 @@ class JobHeartbeat:
 
     def __init__(
         self,
-        redis: Any,
+        redis: AsyncClient,
         job_id: str,
         *,
         total: int | None = None,
@@ -97,12 +106,15 @@ class JobHeartbeat:
         index_shards: int = 1,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        self.job_id = check_job_id(job_id)
-        self._schema = KeySchema(namespace, index_shards)
-        self._keys = self._schema.job(job_id).all()
-        self._cfg = HeartbeatConfig(
+        self._m: BeatMachine[asyncio.Future[None]] = BeatMachine(
+            job_id,
+            total=total,
             interval=interval,
             ttl=ttl,
+            namespace=namespace,
+            meta=meta,
+            kind=kind,
+            worker=worker,
             stream_every=stream_every,
             maxlen=maxlen,
             retention=retention,
@@ -110,59 +122,49 @@ class JobHeartbeat:
             max_details_bytes=max_details_bytes,
             final_timeout=final_timeout,
             index_every=index_every,
+            index_shards=index_shards,
         )
-        if total is not None and (isinstance(total, bool) or not isinstance(total, int)):
-            raise TypeError(f"total must be an int or None, got {total!r}")
-        if total is not None and total < 0:
-            raise ValueError(f"total must be >= 0, got {total}")
-        self._total = total
-        self._meta = "" if meta is None else dump_json(meta, limit=max_meta_bytes, name="meta")
-        self.kind = check_kind(kind)
-        self._worker = worker if worker is not None else f"{socket.gethostname()}:{os.getpid()}"
-        if not isinstance(self._worker, str) or not 1 <= len(self._worker) <= 200:
-            raise ValueError("worker must be a str of 1 to 200 characters")
-        self._redis = redis
+        self.job_id = self._m.job_id
+        self.kind = self._m.kind
+        self._redis: Any = redis
         self._clock = clock
-        self._token = secrets.token_hex(6)  # 48 random bits: together with the fence, unique
         self._warn = RateLimitedLog(log, clock)
-
         self.progress: ProgressCell
-        self.fence = 0
-        self.attempt = 0
-        self.resume_from: Any = None
-        self._lease = Lease(self._cfg.ttl, float("-inf"), LeaseLostCause.EXPIRED)
-        self._seq = 0
-        self._started_ms = 0
-        self._stage = ""
-        self._stage_changed = False
-        self._checkpoints: deque[tuple[str, asyncio.Future[None]]] = deque()
-        self._last_checkpoint = ""
-        self._inflight: tuple[str, tuple[str, asyncio.Future[None]] | None] | None = None
-        self._beat_head: list[bytes] = []
-        self._resend_static = False
-        self._beats = 0
-        self._last_event_beat = 0
-        self._written = 0
-        self._failed = 0
-        self._due = 0.0  # when the next beat is due (our clock)
-        self._planned = math.nan  # the ticker's plan key for _due (stale heap entries differ)
         self._expiry: asyncio.TimerHandle | None = None
-        self._rate = RateWindow()
         self._ticker: Ticker | None = None
         self._host: asyncio.Task[Any] | None = None
         self._in_body = False
         self._ended = False  # set at exit: late beat replies are ignored from then on
         self._our_cancels = 0
-        self._cancel_requested = False
         self._crash: BaseException | None = None
-        self._current: Token[JobHeartbeat | None] | None = None
-        self._index_score = 0  # the latest index deadline this worker wrote (server ms)
+        self._current: Token[Any] | None = None
 
     # -- public API --------------------------------------------------------------------------
 
     @property
+    def fence(self) -> int:
+        return self._m.fence
+
+    @property
+    def attempt(self) -> int:
+        return self._m.attempt
+
+    @property
+    def resume_from(self) -> Any:
+        return self._m.resume_from
+
+    @property
     def stage(self) -> str:
-        return self._stage
+        return self._m.stage
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the job must stop (a cancel request, a lost lease, or the end)."""
+        return self.progress.cancelled
+
+    def check(self) -> None:
+        """Raise ``JobCancelled`` once the job must stop (as ``progress.check()``)."""
+        self.progress.check()
 
     def set_stage(self, name: str) -> None:
         """Name the current stage; the next beat records it (a ``stage`` stream entry).
@@ -170,10 +172,7 @@ class JobHeartbeat:
         Raises:
             ValueError: ``name`` is empty, longer than 200 characters, or not printable.
         """
-        check_stage(name)
-        if name != self._stage:
-            self._stage = name
-            self._stage_changed = True
+        if self._m.set_stage(name):
             notify("stage", self.job_id, self.kind, {"stage": name})
 
     async def checkpoint(self, **details: Any) -> None:
@@ -187,26 +186,39 @@ class JobHeartbeat:
             ValueError: the details are larger than ``max_details_bytes``.
             LeaseLost: the lease was lost before the checkpoint was written.
         """
-        text = dump_json(details, limit=self._cfg.max_details_bytes, name="checkpoint details")
+        text = self._m.checkpoint_text(details)
         self._raise_if_lost()
         if not self._in_body:
             raise RuntimeError("checkpoint() is only allowed inside `async with heartbeat(...)`")
         notify("checkpoint", self.job_id, self.kind, details)
         future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._checkpoints.append((text, future))
-        self._plan(self._clock())
+        self._m.add_checkpoint(text, future, self._clock())
+        self._plan()
         await future
 
     def statistics(self) -> HeartbeatStatistics:
-        return HeartbeatStatistics(
-            self._beats, self._written, self._failed, self._seq, self.fence, str(self._lease)
-        )
+        """This heartbeat's counters."""
+        return HeartbeatStatistics.of(self._m)
 
     def __repr__(self) -> str:
-        return (
-            f"<JobHeartbeat job={self.job_id} fence={self.fence} attempt={self.attempt} "
-            f"seq={self._seq} lease={self._lease}>"
-        )
+        return self._m.describe("JobHeartbeat")
+
+    # Internal views kept for the fault tests (they read the lease, token and seq).
+    @property
+    def _lease(self) -> Lease:
+        return self._m.lease
+
+    @property
+    def _token(self) -> str:
+        return self._m.token
+
+    @property
+    def _seq(self) -> int:
+        return self._m.seq
+
+    @_seq.setter
+    def _seq(self, value: int) -> None:
+        self._m.seq = value
 
     # -- enter and exit ------------------------------------------------------------------------
 
@@ -215,7 +227,7 @@ class JobHeartbeat:
             raise RuntimeError("a JobHeartbeat can be entered only once")
         self._host = asyncio.current_task()
         self._ticker = ticker = Ticker.for_client(self._redis, self._clock)
-        self.progress = ProgressCell(self._total)
+        self.progress = ProgressCell(self._m.total)
         try:
             async with ticker.slot():
                 await self._acquire()
@@ -237,83 +249,42 @@ class JobHeartbeat:
         exists. An entry whose acquire never ran is dropped by the sweeper ("not running").
         Both scripts are safe to replay (redis-py retries after a connection error).
         """
-        shard = self._schema.index_for(self.job_id)
-        horizon_ms = int(self._cfg.index_horizon * 1000)
-        args = [self._token, self._cfg.ttl_ms, self._cfg.maxlen, self._worker]
-        args += [fmt_int(self._total), self._meta, "", self.kind]
+        m = self._m
         sent_at = self._clock()
-        acquire_sent = False
+        enrolled = False
         fault: BaseException | None = None
         try:
-            async with asyncio.timeout(self._cfg.ttl):
-                delay = 0.02
+            async with asyncio.timeout(m.cfg.ttl):
+                delay = ACQUIRE_RETRY_FIRST
                 while True:
                     try:
-                        enroll = evalsha(
-                            self._redis, SCRIPTS.enroll, (shard,), [self.job_id, horizon_ms]
-                        )
-                        deadline = int(await cancellable(enroll))
-                        # The sweeper may drop the entry from its deadline on (if the job is
-                        # not RUNNING by then): start no later, with a margin for skew.
-                        latest = deadline - min(self._cfg.ttl_ms, horizon_ms // 4)
-                        acquire_sent = True
-                        reply = await cancellable(
-                            evalsha(self._redis, SCRIPTS.acquire, self._keys, [*args, latest])
-                        )
+                        deadline = await cancellable(calls.run(self._redis, m.enroll_call()))
+                        enrolled = True
+                        reply = await cancellable(calls.run(self._redis, m.acquire_call(deadline)))
                         break
                     except Exception as exc:
                         if not is_redis_fault(exc):
                             raise
                         # Both scripts are safe to replay: a fault (a reset connection, a
                         # failover, a cluster client still learning its slots) is retried
-                        # within the acquire's bound, and a replayed acquire that finds its
-                        # own lease answers the attempt it started.
+                        # within ttl; a replayed acquire that finds its own lease answers the
+                        # attempt it started.
                         fault = exc
                         await asyncio.sleep(delay)
-                        delay = min(delay * 2, 0.5)
+                        delay = min(delay * 2, ACQUIRE_RETRY_CAP)
         except TimeoutError as exc:
-            raise TimeoutError(
-                f"job {self.job_id!r}: Redis did not answer in time (ttl={self._cfg.ttl} s) "
-                + ("" if fault is None else f"(last fault: {fault!r}) ")
-                + (
-                    "while trying to acquire its lease; the job was either not started, or "
-                    "started and indexed: if so it goes stale within ttl and a sweeper marks "
-                    "it LOST"
-                    if acquire_sent
-                    else "while trying to index the job; nothing is running"
-                )
-            ) from exc
-        code = int(reply[0])
-        if code == 0:
-            raise JobBusy(self.job_id)
-        if code != 1:
-            raise TimeoutError(
-                f"job {self.job_id!r}: the acquire reached Redis too late (after its index "
-                f"entry could have been dropped); nothing was started"
-            )
-        self.fence, self.attempt, self._seq = int(reply[1]), int(reply[2]), int(reply[3])
-        resume = reply[4].decode() if isinstance(reply[4], bytes) else reply[4]
-        self.resume_from = load_json(resume)
-        self._last_checkpoint = resume or ""
-        self._started_ms = int(reply[5])
-        self._index_score = deadline
-        self._lease = Lease(self._cfg.ttl, sent_at)
-        # What every beat starts with, encoded once (redis-py passes bytes through as they are).
-        head = (SCRIPTS.beat.sha, 5, *self._keys, self._token, self.fence, self._cfg.ttl_ms)
-        self._beat_head = [str(x).encode() for x in head]
-        self._due = sent_at + self._cfg.interval
+            raise TimeoutError(m.acquire_timeout_text(enrolled, fault)) from exc
+        m.acquired(reply, sent_at)
         self._arm_expiry()
         # The per-kind index (docs/protocol.md), scored by this attempt's start: best effort,
         # like the metrics it serves (the running-jobs index above is what recovery needs).
-        try:
+        with tolerate_faults(
+            lambda e: self._warn.warning("job %s: kind not indexed: %r", m.job_id, e)
+        ):
             async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.zadd(self._schema.kind_index(self.kind), {self.job_id: self._started_ms})
-                pipe.zadd(self._schema.kinds(), {self.kind: self._index_score})
+                pipe.zadd(m.schema.kind_index(m.kind), {m.job_id: m.started_ms})
+                pipe.zadd(m.schema.kinds(), {m.kind: m.index_score})
                 await pipe.execute()
-        except Exception as exc:
-            if not is_redis_fault(exc):
-                raise
-            self._warn.warning("job %s: could not index its kind yet: %r", self.job_id, exc)
 
     async def __aexit__(
         self,
@@ -345,21 +316,15 @@ class JobHeartbeat:
     async def _finish(self, exc: BaseException | None, external_cancel: bool) -> None:
         """Write the final state; raise what the ``async with`` must raise (else the body's
         own exception, if any, propagates unchanged)."""
-        cause = self._lease.lost
-        if self._crash is not None:
-            status, error = "FAILED", _error_text(self._crash)
-        elif cause is not None:
-            status, error = "LOST", f"lease lost: {cause.value}"
-        elif external_cancel or self._cancel_requested or isinstance(exc, JobCancelled):
-            status, error = "CANCELLED", "" if exc is None else _error_text(exc)
-        elif exc is not None and not isinstance(exc, asyncio.CancelledError):
-            status, error = "FAILED", _error_text(exc)
-        else:
-            status, error = "COMPLETED", ""
-
+        m = self._m
+        plan = m.final_plan(
+            crash=self._crash,
+            exc=None if isinstance(exc, asyncio.CancelledError) else exc,
+            cancelled=external_cancel or isinstance(exc, JobCancelled),
+        )
         written: bool | None = None
-        if cause in (None, LeaseLostCause.EXPIRED):
-            task = asyncio.ensure_future(self._final_write(status, error))
+        if plan.write:
+            task = asyncio.ensure_future(self._final_write(plan.status, plan.error, plan.limit))
             try:
                 written = await asyncio.shield(task)
             except asyncio.CancelledError:
@@ -368,74 +333,50 @@ class JobHeartbeat:
 
         if self._crash is not None:
             raise self._crash
-        if self._lease.lost is not None:
-            raise LeaseLost(self.job_id, self._lease.lost) from (
+        if m.lease.lost is not None:
+            raise LeaseLost(self.job_id, m.lease.lost) from (
                 None if isinstance(exc, asyncio.CancelledError | JobCancelled) else exc
             )
         if written is False:
-            message = f"the final state {status} of job {self.job_id!r} was not written to Redis"
+            message = (
+                f"the final state {plan.status} of job {self.job_id!r} was not written to Redis"
+            )
             if exc is None:
                 raise StateNotWritten(message)
             exc.add_note(message)
         if external_cancel:
             return
-        if self._cancel_requested and (exc is None or isinstance(exc, asyncio.CancelledError)):
+        if m.cancel_requested and (exc is None or isinstance(exc, asyncio.CancelledError)):
             raise JobCancelled(f"job {self.job_id!r} was cancelled on request")
 
-    async def _final_write(self, status: str, error: str) -> bool:
-        """Write the final state, retrying through Redis faults for up to ``final_timeout``.
-
-        LOST is the exception: the lease is already gone, the caller is owed ``LeaseLost``
-        within about ``ttl + interval``, and a sweeper records LOST anyway; so LOST is tried
-        for at most one ``interval``. COMPLETED, FAILED and CANCELLED carry the job's outcome
-        and keep the long retry.
+    async def _final_write(self, status: str, error: str, limit: float) -> bool:
+        """Write the final state, retrying through Redis faults for up to ``limit`` seconds.
 
         Returns True when written (or already ended), False when it could not be written.
         """
-        limit = self._cfg.final_timeout
-        if status == "LOST":
-            limit = min(limit, self._cfg.interval)
+        m = self._m
         deadline = self._clock() + limit
         delay = 0.05
-        self._seq += 1
+        m.seq += 1
         await self._read_index_score(limit)
         while True:
-            args = [
-                self._token,
-                self.fence,
-                self._cfg.ttl_ms,
-                self._seq,
-                status,
-                error[:MAX_ERROR_CHARS],
-                self._cfg.maxlen,
-                int(self._cfg.retention * 1000),
-                "",
-                *self._dynamic_values(self._ticker.sample() if self._ticker else None, 0.0),
-                *self._static_pairs(),
-            ]
-            left = deadline - self._clock()
-            try:
-                async with asyncio.timeout(max(left, 0.01)), self._slot():
-                    reply = await cancellable(
-                        evalsha(self._redis, SCRIPTS.finish, self._keys, args)
-                    )
-                code = int(reply[0])
-            except Exception as exc:
-                if not is_redis_fault(exc):
-                    raise
-                if self._clock() + delay >= deadline:
-                    log.error("job %s: final state %s not written: %r", self.job_id, status, exc)
-                    WORKER_STATS.final_writes_failed += 1
-                    return False
-                self._warn.warning("job %s: final write failed, retrying: %r", self.job_id, exc)
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 2.0)
-                continue
-            if code < 0:
-                self._lease.lose(classify_beat(code)[1] or LeaseLostCause.FENCED_OUT)
-            else:
-                await self._unindex()
-            return True
+            sample = self._ticker.sample() if self._ticker else None
+            call = m.finish_call(status, error, sample, *self._reading())
+            failure: list[BaseException] = []
+            with tolerate_faults(failure.append):
+                async with asyncio.timeout(max(deadline - self._clock(), 0.01)), self._slot():
+                    code = await cancellable(calls.run(self._redis, call))
+            if not failure:
+                if m.finished(code):
+                    await self._unindex()
+                return True
+            if self._clock() + delay >= deadline:
+                log.error("job %s: final state %s not written: %r", self.job_id, status, failure[0])
+                WORKER_STATS.final_writes_failed += 1
+                return False
+            self._warn.warning("job %s: final write failed, retrying: %r", self.job_id, failure[0])
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, 2.0)
 
     async def _read_index_score(self, limit: float) -> None:
         """Read the job's running-index score before the final write (best effort, bounded).
@@ -448,46 +389,76 @@ class JobHeartbeat:
         still ours: no new attempt can exist) covers them; an entry a new attempt enrolls
         after the final write still scores above what is read here.
         """
-        shard = self._schema.index_for(self.job_id)
-        try:
-            async with asyncio.timeout(min(limit, self._cfg.ttl)), self._slot():
-                score = await cancellable(self._redis.zscore(shard, self.job_id))
-        except Exception as exc:
-            if not is_redis_fault(exc):
-                raise
-            return  # the removal is then conditional on what the worker wrote itself
-        if score is not None:
-            self._index_score = max(self._index_score, int(score))
+        m = self._m
+        with tolerate_faults(lambda _: None):  # the removal stays conditional on what we wrote
+            async with asyncio.timeout(min(limit, m.cfg.ttl)), self._slot():
+                m.index_read(await cancellable(self._redis.zscore(m.index_shard, m.job_id)))
 
     async def _unindex(self) -> None:
         """Drop the job from the running-jobs index (best effort: a sweeper drops entries of
         ended jobs it meets, so a failure here costs one wasted claim attempt, never a job)."""
-        try:
-            # Conditional (unindex.lua): only while the entry still holds a deadline this
-            # worker wrote or read before its final write; a new attempt's enroll always
-            # moves it past those.
-            shard = self._schema.index_for(self.job_id)
-            async with asyncio.timeout(self._cfg.ttl), self._slot():
-                # The kind entry first: a failure keeps the running entry, and the sweeper that
-                # drops it drops the kind entry too. Only this attempt's entry (by started_ms).
-                by_kind = (self._schema.kind_index(self.kind),)
-                mine = [self.job_id, self._started_ms]
-                await cancellable(evalsha(self._redis, SCRIPTS.unindex, by_kind, mine))
-                running = [self.job_id, self._index_score]
-                await cancellable(evalsha(self._redis, SCRIPTS.unindex, (shard,), running))
-        except Exception as exc:
-            if not is_redis_fault(exc):
-                raise
-            self._warn.warning("job %s: could not drop it from the index: %r", self.job_id, exc)
+        warn = self._warn.warning
+        with tolerate_faults(
+            lambda e: warn("job %s: not dropped from the index: %r", self.job_id, e)
+        ):
+            async with asyncio.timeout(self._m.cfg.ttl), self._slot():
+                for call in self._m.unindex_calls():
+                    await cancellable(calls.run(self._redis, call))
 
-    def _slot(self) -> contextlib.AbstractAsyncContextManager[None]:
+    def _slot(self) -> contextlib.AbstractAsyncContextManager[Any]:
         return self._ticker.slot() if self._ticker is not None else contextlib.nullcontext()
 
-    # -- called by the ticker (synchronous, no I/O) ------------------------------------------
+    def _reading(self) -> tuple[int, int | None]:
+        cell = self.progress
+        return cell.done, cell.total
 
-    def _plan(self, due: float) -> None:
-        """Set when the next beat is due and tell the ticker."""
-        self._due = due
+    # -- the ticker's interface (synchronous, no I/O) --------------------------------------
+
+    @property
+    def machine(self) -> BeatMachine[asyncio.Future[None]]:
+        return self._m
+
+    def beat(self, now: float, lag: float, sample: ProcessSample) -> list[Any]:
+        return self._m.next_beat(now, lag, sample, *self._reading())
+
+    def beat_replied(self, sent_at: float, reply: BeatReply) -> None:
+        verdict = self._m.replied(sent_at, reply, ended=self._ended)
+        self._act(verdict)
+        if not self._ended:
+            self._plan()
+
+    def beat_failed(
+        self, sent_at: float, exc: BaseException, *, quiet: bool, at_once: bool
+    ) -> None:
+        if self._ended:
+            self._m.beat_failed(sent_at, at_once=at_once, ended=True)
+            return
+        WORKER_STATS.beat_failures += 1
+        self._m.beat_failed(sent_at, at_once=at_once, ended=False)
+        self._plan()
+        if not quiet:
+            self._warn.warning("job %s: beat failed, retrying: %r", self.job_id, exc)
+
+    def crashed(self, exc: BaseException) -> None:
+        """An unexpected error in the ticker: stop the job and surface ``exc`` at exit."""
+        if self._crash is None:
+            self._crash = exc
+            self._interrupt()
+
+    def _act(self, verdict: ReplyVerdict[asyncio.Future[None]]) -> None:
+        if verdict.late:
+            WORKER_STATS.beats_late += 1
+        if verdict.resolved is not None and not verdict.resolved.done():
+            verdict.resolved.set_result(None)
+        error = LeaseLost(self.job_id, self._m.lease.lost or LeaseLostCause.FENCED_OUT)
+        for future in verdict.failed:
+            _fail(future, error)
+        if verdict.lost is not None:
+            self._on_lost(verdict.lost)
+        if verdict.cancel:
+            self._interrupt()
+
+    def _plan(self) -> None:
         if self._ticker is not None and not self._ended:
             self._ticker.schedule(self)
 
@@ -497,167 +468,39 @@ class JobHeartbeat:
         It is not moved on each renewal: when it fires it re-arms itself at the (later) deadline
         if the lease was renewed meanwhile, so a job costs one timer per ``ttl``, not per beat.
         """
-        delay = self._lease.deadline - self._clock()
+        delay = self._m.lease.deadline - self._clock()
         loop = asyncio.get_running_loop()
         self._expiry = loop.call_later(max(delay, 0.0), self._expiry_fired)
 
     def _expiry_fired(self) -> None:
         self._expiry = None
-        if self._ended or not self._lease.held:
+        if self._ended or not self._m.lease.held:
             return
         try:
-            if not self._expire_if_due(self._clock()):
+            cause = self._m.expire_if_due(self._clock())
+            if cause is None:
                 self._arm_expiry()
+                return
+            self.lease_expired(cause)
         except Exception as exc:  # a bug (or a broken injected clock): never a silent death
             log.exception("job %s: lease timer failed; stopping the job", self.job_id)
-            self._crashed(exc)
+            self.crashed(exc)
+
+    def lease_expired(self, cause: LeaseLostCause) -> None:
+        error = LeaseLost(self.job_id, cause)
+        for future in self._m.drain_checkpoints():
+            _fail(future, error)
+        self._on_lost(cause)
 
     def _disarm_expiry(self) -> None:
         if self._expiry is not None:
             self._expiry.cancel()
             self._expiry = None
 
-    def _next_beat(self, now: float, lag: float, sample: ProcessSample) -> list[Any]:
-        """Build the next beat (the arguments of ``EVALSHA``) and mark it in flight."""
-        kind, details, checkpoint = "", "", None
-        self._beats += 1
-        if self._checkpoints:
-            checkpoint = self._checkpoints.popleft()
-            kind, details = "checkpoint", checkpoint[0]
-        elif self._stage_changed:
-            kind = "stage"
-        elif self._beats - self._last_event_beat >= self._cfg.stream_every:
-            kind = "beat"
-        if kind:
-            self._last_event_beat = self._beats
-            self._stage_changed = False
-        self._inflight = (kind, checkpoint)
-        self._seq += 1
-        args: list[Any] = [
-            *self._beat_head,
-            self._seq,
-            kind,
-            details,
-            self._cfg.maxlen,
-            *self._dynamic_values(sample, lag, now),
-        ]
-        if checkpoint is not None:
-            self._last_checkpoint = details
-            args += ["checkpoint", details]
-        if self._resend_static:
-            args += self._static_pairs()
-        return args
-
-    def _dynamic_values(
-        self, sample: ProcessSample | None, lag: float, now: float | None = None
-    ) -> list[str]:
-        cell = self.progress
-        done = max(cell.done, 0)
-        total = cell.total
-        if now is not None:
-            self._rate.add(now, done)
-        return [
-            str(done),
-            fmt_int(total),
-            self._stage,
-            fmt_float(self._rate.rate()),
-            fmt_float(self._rate.eta(done, total), 1),
-            "" if sample is None else str(sample.rss_bytes),
-            "" if sample is None else fmt_float(sample.cpu_seconds),
-            fmt_float(lag * 1000, 1),
-        ]
-
-    def _static_pairs(self) -> list[Any]:
-        pairs: list[Any] = ["attempt", self.attempt, "worker", self._worker]
-        pairs += ["started_ms", self._started_ms, "meta", self._meta, "kind", self.kind]
-        if self._last_checkpoint:
-            pairs += ["checkpoint", self._last_checkpoint]
-        return pairs
-
-    def _beat_replied(self, sent_at: float, reply: Any) -> None:
-        code, cancel, _now_ms, snapshot_seq = (int(x) for x in reply[:4])
-        inflight, self._inflight = self._inflight, None
-        if self._ended:
-            return  # a beat that raced the final write: the final write decides
-        outcome, cause = classify_beat(code)
-        if outcome is BeatOutcome.LOST:
-            self._lose(cause or LeaseLostCause.FENCED_OUT)
-            if inflight and inflight[1]:
-                _fail(inflight[1][1], LeaseLost(self.job_id, self._lease.lost or cause))  # type: ignore[arg-type]
-            return
-        self._lease.renewed(sent_at)
-        # keep the cadence: beats are sent up to a tenth of an interval early (to share ticks)
-        due = self._due + self._cfg.interval
-        if due <= sent_at:  # late (a starved loop, a slow reply): no burst to catch up
-            due = sent_at + self._cfg.interval
-            WORKER_STATS.beats_late += 1
-        if outcome is BeatOutcome.SEQ_BEHIND:
-            self._seq = max(self._seq, snapshot_seq)
-            self._requeue(inflight)
-            due = sent_at
-        else:
-            self._written += 1
-            self._resend_static = outcome is BeatOutcome.RESEND_STATIC
-            if self._resend_static:
-                due = sent_at  # resend the static fields at once
-            if inflight and inflight[1] and not inflight[1][1].done():
-                inflight[1][1].set_result(None)
-        if self._checkpoints:
-            due = sent_at  # a checkpoint asked for while this beat was in flight
-        self._plan(due)
-        if cancel and not self._cancel_requested:
-            self._cancel_requested = True
-            self._interrupt()
-
-    def _beat_failed(
-        self, sent_at: float, exc: BaseException, *, quiet: bool = False, at_once: bool = False
-    ) -> None:
-        """A beat got no answer, or an error. Retry after ``min(interval, 0.25)`` s, or at once
-        (NOSCRIPT: the script is being loaded). ``quiet``: the caller logs for many jobs."""
-        inflight, self._inflight = self._inflight, None
-        if self._ended:
-            return
-        self._failed += 1
-        WORKER_STATS.beat_failures += 1
-        self._requeue(inflight)
-        self._plan(sent_at if at_once else sent_at + min(self._cfg.interval, 0.25))
-        if not quiet:
-            self._warn.warning("job %s: beat failed, retrying: %r", self.job_id, exc)
-
-    def _requeue(
-        self, inflight: tuple[str, tuple[str, asyncio.Future[None]] | None] | None
-    ) -> None:
-        if inflight is None:
-            return
-        kind, checkpoint = inflight
-        if checkpoint is not None:
-            self._checkpoints.appendleft(checkpoint)
-        elif kind == "stage":
-            self._stage_changed = True
-
-    def _expire_if_due(self, now: float) -> bool:
-        if self._lease.expire_if_due(now):
-            self._on_lost()
-            return True
-        return False
-
-    def _lose(self, cause: LeaseLostCause) -> None:
-        if self._lease.lose(cause):
-            self._on_lost()
-
-    def _on_lost(self) -> None:
-        WORKER_STATS.lost((self._lease.lost or LeaseLostCause.EXPIRED).name.lower())
-        log.warning("job %s: lease lost (%s); stopping the job", self.job_id, self._lease)
-        error = LeaseLost(self.job_id, self._lease.lost or LeaseLostCause.EXPIRED)
-        while self._checkpoints:
-            _fail(self._checkpoints.popleft()[1], error)
+    def _on_lost(self, cause: LeaseLostCause) -> None:
+        WORKER_STATS.lost(cause.name.lower())
+        log.warning("job %s: lease lost (%s); stopping the job", self.job_id, self._m.lease)
         self._interrupt()
-
-    def _crashed(self, exc: BaseException) -> None:
-        """An unexpected error in the ticker: stop the job and surface ``exc`` at exit."""
-        if self._crash is None:
-            self._crash = exc
-            self._interrupt()
 
     def _interrupt(self) -> None:
         self.progress._cancel()
@@ -666,11 +509,31 @@ class JobHeartbeat:
             self._our_cancels += 1
 
     def _raise_if_lost(self) -> None:
-        if self._lease.lost is not None:
-            raise LeaseLost(self.job_id, self._lease.lost)
+        if self._m.lease.lost is not None:
+            raise LeaseLost(self.job_id, self._m.lease.lost)
 
 
-def heartbeat(redis: Any, job_id: str, **options: Any) -> JobHeartbeat:
+def heartbeat(
+    redis: AsyncClient,
+    job_id: str,
+    *,
+    total: int | None = None,
+    interval: float = 1.0,
+    ttl: float = 6.0,
+    namespace: str = "jobpulse",
+    meta: Any = None,
+    kind: str = "",
+    worker: str | None = None,
+    stream_every: int = 10,
+    maxlen: int = 1000,
+    retention: float = 3600.0,
+    max_meta_bytes: int = 64 * 1024,
+    max_details_bytes: int = 64 * 1024,
+    final_timeout: float = 30.0,
+    index_every: int = 10,
+    index_shards: int = 1,
+    clock: Callable[[], float] = time.monotonic,
+) -> JobHeartbeat:
     """Run a job under a heartbeat: ``async with heartbeat(redis, job_id) as hb: ...``.
 
     Entering takes the job's lease and writes its first snapshot and ``start`` entry (so the job
@@ -681,11 +544,22 @@ def heartbeat(redis: Any, job_id: str, **options: Any) -> JobHeartbeat:
     Args:
         redis: a ``redis.asyncio.Redis`` or ``RedisCluster``.
         job_id: 1 to 200 characters of ``A-Z a-z 0-9 . _ - : /``.
-        **options: ``total``, ``interval`` (1.0), ``ttl`` (6.0), ``namespace`` ("jobpulse"),
-            ``meta``, ``kind`` (""), ``worker``, ``stream_every`` (10), ``maxlen`` (1000),
-            ``retention`` (3600.0), ``max_meta_bytes`` and ``max_details_bytes`` (65536),
-            ``final_timeout`` (30.0), ``index_every`` (10), ``index_shards`` (1) — see
-            :class:`JobHeartbeat`.
+        total: the number of items, or None when unknown (an int >= 0).
+        interval: seconds between beats (> 0).
+        ttl: lease and liveness time in seconds (>= 2 * interval).
+        namespace: the key prefix.
+        meta: JSON-serialisable data stored with the job (at most ``max_meta_bytes``).
+        kind: a low-cardinality job kind (``""``: none), readable as ``JobStatus.kind``.
+        worker: the worker's name (default ``host:pid``).
+        stream_every: a plain ``beat`` stream entry at most every this many beats.
+        maxlen: the events stream cap (``MAXLEN ~``).
+        retention: seconds the snapshot and stream are kept after the end.
+        max_meta_bytes: size limit of ``meta`` as JSON.
+        max_details_bytes: size limit of checkpoint details as JSON.
+        final_timeout: seconds the final write keeps retrying while Redis is unreachable.
+        index_every: the running-jobs index entry is refreshed every this many beats.
+        index_shards: shards of the running-jobs index (as the sweeper's).
+        clock: a monotonic clock in seconds (a seam for tests).
 
     Raises:
         InvalidJobId: the job id or namespace is invalid (before any Redis command).
@@ -701,15 +575,29 @@ def heartbeat(redis: Any, job_id: str, **options: Any) -> JobHeartbeat:
         LeaseLost: (on exit) the lease was lost; the job was stopped.
         JobCancelled: (on exit) the job was cancelled on request.
     """
-    return JobHeartbeat(redis, job_id, **options)
+    return JobHeartbeat(
+        redis,
+        job_id,
+        total=total,
+        interval=interval,
+        ttl=ttl,
+        namespace=namespace,
+        meta=meta,
+        kind=kind,
+        worker=worker,
+        stream_every=stream_every,
+        maxlen=maxlen,
+        retention=retention,
+        max_meta_bytes=max_meta_bytes,
+        max_details_bytes=max_details_bytes,
+        final_timeout=final_timeout,
+        index_every=index_every,
+        index_shards=index_shards,
+        clock=clock,
+    )
 
 
 def _fail(future: asyncio.Future[None], exc: BaseException) -> None:
     if not future.done():
         future.set_exception(exc)
         future.exception()  # mark retrieved: a checkpoint nobody awaits any more is not an error
-
-
-def _error_text(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}"
-    return text[:MAX_ERROR_CHARS]

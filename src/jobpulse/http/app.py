@@ -18,7 +18,6 @@ import asyncio
 import dataclasses
 import inspect
 import logging
-import math
 import random
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -33,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
+from .._checks import check_number
 from .._protocol.codec import parse_stream_id
 from .._protocol.errors import is_redis_fault
 from .._protocol.keys import check_job_id
@@ -89,10 +89,9 @@ class HttpConfig:
         positive = ("keepalive", "max_wait", "wait_interval")
         for name in (*positive, "retry", "stale_while_revalidate"):
             value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int | float):
-                raise TypeError(f"{name} must be a number of seconds, got {value!r}")
-            if not math.isfinite(value) or value < 0 or (name in positive and value == 0):
-                raise ValueError(f"{name} must be {'> 0' if name in positive else '>= 0'}")
+            check_number(
+                name, value, minimum=0, strict=name in positive, what="a number of seconds"
+            )
         for name in ("index_shards", "max_jobs", "max_waiters"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int):

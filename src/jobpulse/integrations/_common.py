@@ -39,9 +39,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._protocol.keys import check_namespace
+from .._protocol.ratelimit import RateLimitedLog
 from .._worker.config import MAX_KIND_CHARS, HeartbeatConfig
 from .._worker.heartbeat import JobHeartbeat, heartbeat
-from .._worker.ratelimit import RateLimitedLog
 from ..errors import JobBusy
 
 __all__ = [

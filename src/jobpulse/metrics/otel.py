@@ -25,7 +25,7 @@ from opentelemetry import metrics, propagate, trace
 from opentelemetry.context import Context
 from opentelemetry.metrics import CallbackOptions, Meter, Observation
 
-from .._protocol.errors import is_redis_fault
+from .._protocol.errors import tolerate_faults
 from .._reader.census import Census, quantiles, take_census
 from .._reader.status import JobStatus
 from .._worker.stats import WORKER_STATS, WorkerStats, add_observer, remove_observer
@@ -124,11 +124,8 @@ class OtelMetrics:
         """:meth:`refresh` every ``interval`` seconds until cancelled (a Redis fault is kept
         quiet: the last census stays and the next refresh tries again)."""
         while True:
-            try:
+            with tolerate_faults(lambda _: None):
                 await self.refresh()
-            except Exception as exc:
-                if not is_redis_fault(exc):
-                    raise
             await asyncio.sleep(interval)
 
     # -- callbacks (run by the SDK at collection; no I/O) --

@@ -1,0 +1,233 @@
+"""One typed call per Lua script: argument encoding, reply type, named reply codes, decoding.
+
+A :class:`Call` is sans-I/O: it holds the script, its keys and encoded arguments, and the decoder
+of its reply. The two drivers, :func:`run` (asyncio) and :func:`run_sync` (threads), are the only
+code that sends one; they are the few-line twins this layer allows, and the NOSCRIPT reload
+(after a restart or SCRIPT FLUSH) is written once, in :meth:`Call.reload` and
+:func:`scripts_to_load`. Pipelined callers (the tickers, the sweeper) put :meth:`Call.command`
+in their pipeline, decode each reply with :meth:`Call.decode`, and load what
+:func:`scripts_to_load` names before sending again.
+
+The codes and reply shapes are those of the contract headers in ``lua/*.lua``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from .errors import is_noscript
+from .scripts import SCRIPTS, Script
+
+__all__ = [
+    "AcquireCode",
+    "AcquireReply",
+    "BeatCode",
+    "BeatReply",
+    "Call",
+    "CancelCode",
+    "ClaimCode",
+    "FinishCode",
+    "ack",
+    "acquire",
+    "cancel",
+    "claim",
+    "decode_beat",
+    "enroll",
+    "finish",
+    "run",
+    "run_sync",
+    "scripts_to_load",
+    "tally",
+    "text",
+    "unindex",
+]
+
+R = TypeVar("R")
+
+
+class AcquireCode(enum.IntEnum):
+    """``acquire.lua``'s first reply element."""
+
+    STARTED = 1
+    BUSY = 0  # another live worker holds the job
+    TOO_LATE = -1  # the index entry may already be gone: nothing was started
+
+
+class BeatCode(enum.IntEnum):
+    """``beat.lua``'s reply code."""
+
+    SEQ_BEHIND = 0  # lease renewed, the snapshot holds a newer seq: nothing else written
+    WRITTEN = 1
+    RETAKEN = 2  # written, the lease was re-taken after it expired
+    RESEND_STATIC = 3  # written into an empty snapshot (data loss): resend the static fields
+    TAKEN_OVER = -1  # another token holds the lease
+    FENCED_OUT = -2  # the fence moved on
+
+
+class FinishCode(enum.IntEnum):
+    """``finish.lua``'s reply code."""
+
+    WRITTEN = 1
+    ALREADY_ENDED = 0  # also the answer to a replay of our own final write
+    TAKEN_OVER = -1
+    FENCED_OUT = -2
+
+
+class ClaimCode(enum.IntEnum):
+    """``claim.lua``'s first reply element."""
+
+    CLAIMED = 1  # a new claim, or one made earlier and never acknowledged
+    NOT_RUNNING = 0  # ended or unknown: drop the index entry
+    ALIVE = -1  # the job is live: its reply carries the lease time left
+
+
+class CancelCode(enum.IntEnum):
+    """``cancel.lua``'s reply."""
+
+    NOT_RUNNING = 0
+    REQUESTED = 1
+    ALREADY_REQUESTED = 2
+
+
+@dataclass(frozen=True, slots=True)
+class AcquireReply:
+    code: AcquireCode
+    fence: int = 0
+    attempt: int = 0
+    seq: int = 0
+    resume: str = ""  # the previous attempt's last checkpoint (JSON) or ""
+    started_ms: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class BeatReply:
+    code: BeatCode
+    cancel: bool
+    now_ms: int  # 0 when refused (the script answers before reading the clock)
+    snapshot_seq: int
+
+
+def text(value: Any) -> str:
+    """A reply element as text (redis-py answers bytes unless ``decode_responses``)."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def decode_beat(reply: Any) -> BeatReply:
+    code, cancel, now_ms, snapshot_seq = (int(x) for x in reply[:4])
+    return BeatReply(BeatCode(code), cancel == 1, now_ms, snapshot_seq)
+
+
+def _decode_acquire(reply: Any) -> AcquireReply:
+    code = AcquireCode(int(reply[0]))
+    if code is not AcquireCode.STARTED:
+        return AcquireReply(code)
+    fence, attempt, seq = int(reply[1]), int(reply[2]), int(reply[3])
+    return AcquireReply(code, fence, attempt, seq, text(reply[4]), int(reply[5]))
+
+
+@dataclass(frozen=True, slots=True)
+class Call(Generic[R]):
+    """One script call, not yet sent."""
+
+    script: Script
+    keys: tuple[str, ...]
+    args: tuple[Any, ...]
+    decode: Callable[[Any], R]
+
+    def command(self) -> tuple[Any, ...]:
+        """The ``EVALSHA`` command (``execute_command`` form: redis-py refuses
+        ``pipe.evalsha()`` on cluster pipelines; EVALSHA is routed by its keys all the same)."""
+        return ("EVALSHA", self.script.sha, len(self.keys), *self.keys, *self.args)
+
+    def reload(self) -> tuple[Any, ...]:
+        """The command that loads the script after a NOSCRIPT."""
+        return ("SCRIPT", "LOAD", self.script.text)
+
+
+class _Async(Protocol):
+    async def execute_command(self, *args: Any, **options: Any) -> Any: ...
+    async def script_load(self, script: str) -> Any: ...
+
+
+class _Sync(Protocol):
+    def execute_command(self, *args: Any, **options: Any) -> Any: ...
+    def script_load(self, script: str) -> Any: ...
+
+
+async def run(redis: _Async, call: Call[R]) -> R:
+    """Send ``call`` on an asyncio client; after a NOSCRIPT load the script and send again."""
+    try:
+        return call.decode(await redis.execute_command(*call.command()))
+    except Exception as exc:
+        if not is_noscript(exc):
+            raise
+    await redis.script_load(call.script.text)
+    return call.decode(await redis.execute_command(*call.command()))
+
+
+def run_sync(redis: _Sync, call: Call[R]) -> R:
+    """Send ``call`` on a blocking client; after a NOSCRIPT load the script and send again."""
+    try:
+        return call.decode(redis.execute_command(*call.command()))
+    except Exception as exc:
+        if not is_noscript(exc):
+            raise
+    redis.script_load(call.script.text)
+    return call.decode(redis.execute_command(*call.command()))
+
+
+def scripts_to_load(results: Iterable[object], scripts: Sequence[Script]) -> list[Script]:
+    """The scripts to load after a pipeline: all of ``scripts`` when any result is a NOSCRIPT
+    (a restart or SCRIPT FLUSH drops every script at once), else none."""
+    if any(isinstance(r, Exception) and is_noscript(r) for r in results):
+        return list(scripts)
+    return []
+
+
+# -- the calls ------------------------------------------------------------------------------------
+
+
+def enroll(shard: str, job_id: str, horizon_ms: int) -> Call[int]:
+    """Write the job's running-index entry; returns the deadline now held (server ms)."""
+    return Call(SCRIPTS.enroll, (shard,), (job_id, horizon_ms), int)
+
+
+def acquire(keys: tuple[str, ...], args: Sequence[Any]) -> Call[AcquireReply]:
+    """Take the lease. ``args``: see ``acquire.lua`` (token, ttl ms, maxlen, worker, total,
+    meta, start details, kind, latest start)."""
+    return Call(SCRIPTS.acquire, keys, tuple(args), _decode_acquire)
+
+
+def finish(keys: tuple[str, ...], args: Sequence[Any]) -> Call[FinishCode]:
+    """The final write (``finish.lua``)."""
+    return Call(SCRIPTS.finish, keys, tuple(args), lambda r: FinishCode(int(r[0])))
+
+
+def unindex(key: str, pairs: Sequence[Any]) -> Call[int]:
+    """Remove ``member, score`` pairs still scored at most ``score``; returns how many."""
+    return Call(SCRIPTS.unindex, (key,), tuple(pairs), int)
+
+
+def cancel(keys: tuple[str, ...], maxlen: int, details: str) -> Call[CancelCode]:
+    """Request a running job's cancel."""
+    return Call(SCRIPTS.cancel, keys, (maxlen, details), lambda r: CancelCode(int(r)))
+
+
+def ack(keys: tuple[str, ...], fence: int) -> Call[bool]:
+    """Acknowledge a claim; True when acknowledged (now or by an earlier call)."""
+    return Call(SCRIPTS.ack, keys, (fence,), lambda r: int(r) == 1)
+
+
+def claim(keys: tuple[str, ...], args: Sequence[Any]) -> Call[Any]:
+    """Claim a stale job (``claim.lua``); the reply is decoded by the sweeper (``ClaimCode``
+    first, then the claim's fields)."""
+    return Call(SCRIPTS.claim, keys, tuple(args), lambda r: r)
+
+
+def tally(stats: str, claims_seen: str, args: Sequence[Any] = ()) -> Call[int]:
+    """Count claims (``args``: kind, claim pairs); answers the server clock (ms), marking
+    "a sweeper ran now"."""
+    return Call(SCRIPTS.tally, (stats, claims_seen), tuple(args), int)

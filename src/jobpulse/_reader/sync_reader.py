@@ -1,0 +1,226 @@
+"""``jobpulse.sync.StatusReader``: the reader for sync code (Django and Flask views, scripts).
+
+The same reads, decode, cache ordering (never back in time) and verdicts as the asyncio
+:class:`~jobpulse.StatusReader`: the read is the same pipeline decoded by the same
+:func:`~jobpulse._reader.reader.build_read`, and answers go through the same
+:class:`~jobpulse._reader.cache.SnapshotCache` (its ``hit``/``admit``, under a lock: threads
+share the cache, not the reads in flight). ``watch()`` is a plain iterator over the stream
+(``XREAD BLOCK`` on the caller's thread); ``wait()`` follows it, polling ``Backoff`` otherwise.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any
+
+from redis.cluster import RedisCluster
+
+from .._protocol.clients import SyncClient
+from .._protocol.codec import to_text
+from .._protocol.errors import tolerate_faults
+from .._protocol.keys import KeySchema, check_job_id
+from ..errors import ProtocolError
+from .backoff import Backoff
+from .cache import SnapshotCache
+from .event import Event, decode_event
+from .reader import ReaderConfig, _merge, _Read, _with_ages, build_read
+from .status import ALL_FIELDS, VERDICT_FIELDS, JobState, JobStatus, check_fields
+
+__all__ = ["SyncStatusReader"]
+
+log = logging.getLogger("jobpulse")
+
+
+class SyncStatusReader:
+    """Reads job status from sync code: ``jobpulse.sync.StatusReader(client)``.
+
+    Args:
+        redis: a ``redis.Redis`` or ``redis.cluster.RedisCluster``.
+        namespace: the key prefix (default ``"jobpulse"``).
+        cache_ttl: seconds a snapshot is served from memory (default 0.5; 0 disables).
+        terminal_ttl: seconds a terminal snapshot is served from memory (default
+            ``10 * cache_ttl``).
+        max_entries: jobs kept in the cache (default 10,000).
+        watch_block: XREAD BLOCK timeout in seconds (default 1.0); after each one without an
+            entry, ``watch()`` checks the job's liveness.
+        clock: monotonic clock (a seam for tests).
+
+    Raises:
+        InvalidJobId: ``namespace`` is invalid.
+        ValueError: an option is out of range (the message names it).
+    """
+
+    def __init__(
+        self,
+        redis: SyncClient,
+        *,
+        namespace: str = "jobpulse",
+        cache_ttl: float = 0.5,
+        terminal_ttl: float | None = None,
+        max_entries: int = 10_000,
+        watch_block: float = 1.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._schema = KeySchema(namespace)
+        self.config = ReaderConfig(
+            cache_ttl=cache_ttl,
+            terminal_ttl=terminal_ttl,
+            max_entries=max_entries,
+            watch_block=watch_block,
+        )
+        self._redis: Any = redis
+        self._cluster = isinstance(redis, RedisCluster)
+        self._lock = threading.Lock()
+        self._cache: SnapshotCache[_Read] = SnapshotCache(
+            ttl=self.config.cache_ttl,
+            terminal_ttl=self.config.terminal_seconds,
+            max_entries=self.config.max_entries,
+            merge=_merge,
+            clock=clock,
+        )
+
+    def __repr__(self) -> str:
+        return f"<SyncStatusReader namespace={self._schema.namespace!r} cached={len(self._cache)}>"
+
+    def get(self, job_id: str, fields: Iterable[str] | None = None) -> JobStatus:
+        """The job's status, in one Redis round trip (or none, from the cache).
+
+        Args:
+            job_id: the job.
+            fields: snapshot field names to read; None reads all.
+
+        Returns:
+            The :class:`~jobpulse.JobStatus`; ``state`` is UNKNOWN when there is no snapshot.
+
+        Raises:
+            InvalidJobId: ``job_id`` is invalid (before any Redis call).
+            ValueError: ``fields`` names something that is not a snapshot field.
+            ProtocolError: the snapshot is corrupt or foreign.
+            redis.exceptions.RedisError: Redis could not be reached.
+        """
+        return self._get(job_id, fields, fresh=False)
+
+    def _get(self, job_id: str, fields: Iterable[str] | None, *, fresh: bool) -> JobStatus:
+        check_job_id(job_id)
+        names = check_fields(fields)
+        want = frozenset(ALL_FIELDS if names is None else (*VERDICT_FIELDS, *names))
+        with self._lock:
+            cached = self._cache.hit(job_id, want, fresh=fresh)
+        if cached is None:
+            fetched = self._fetch(job_id, want)
+            with self._lock:
+                cached = self._cache.admit(job_id, fetched)
+        read, age = cached
+        if age > 0 and read.exists:
+            return _with_ages(read.status, age)
+        return read.status
+
+    def _fetch(self, job_id: str, want: frozenset[str]) -> _Read:
+        keys = self._schema.job(job_id)
+        names = [f for f in ALL_FIELDS if f in want]
+        try:
+            pipe = self._redis.pipeline(transaction=False)
+            pipe.hmget(keys.state, names)
+            pipe.pttl(keys.alive)
+            if self._cluster:  # the clock of the node that holds the job (see the async reader)
+                node = self._redis.get_node_from_key(keys.state)
+                pipe.execute_command("TIME", target_nodes=node)
+            else:
+                pipe.time()
+            replies = pipe.execute(raise_on_error=False)
+        except UnicodeDecodeError:
+            raise ProtocolError(f"job {job_id!r}: a snapshot value is not UTF-8") from None
+        return build_read(job_id, keys.state, want, names, list(replies))
+
+    def wait(
+        self, job_id: str, *, timeout: float | None = None, backoff: Backoff | None = None
+    ) -> JobStatus:
+        """Block until the job reaches a terminal state or STALE, and return its status.
+
+        A RUNNING job is followed through its stream; a job not started yet (UNKNOWN) and any
+        Redis fault fall back to polling :meth:`get` on the ``backoff`` schedule.
+
+        Raises:
+            TimeoutError: the job did not settle within ``timeout`` seconds.
+            InvalidJobId: ``job_id`` is invalid.
+            ProtocolError: the job's keys are corrupt.
+        """
+        check_job_id(job_id)
+        delays = backoff if backoff is not None else Backoff()
+        end = None if timeout is None else time.monotonic() + timeout
+        fresh = False
+        while True:
+            left = None if end is None else end - time.monotonic()
+            if left is not None and left <= 0:
+                raise TimeoutError(f"job {job_id!r} did not settle within {timeout} s")
+            # a Redis fault falls back to polling; a corrupt key (ProtocolError) propagates
+            with tolerate_faults(lambda exc: log.debug("wait(%s): polling: %r", job_id, exc)):
+                status = self._get(job_id, None, fresh=fresh)
+                if status.state.is_settled:
+                    return status
+                fresh = True
+                if status.state is JobState.RUNNING:
+                    for _event in self._follow(job_id, left):
+                        pass
+                    delays.reset()
+                    continue
+            pause = next(delays)
+            time.sleep(pause if left is None else max(0.0, min(pause, left)))
+
+    def watch(self, job_id: str, *, last_event_id: str | None = None) -> Iterator[Event]:
+        """The job's events: from the stream's start (or right after ``last_event_id``), then
+        live ones, ending after the terminal event of the job's last attempt, or with a
+        synthetic ``stale`` event when the worker's liveness key is gone.
+
+        Raises:
+            InvalidJobId: ``job_id`` is invalid.
+            ProtocolError: a stream entry is not jobpulse's.
+        """
+        check_job_id(job_id)
+        return self._events(job_id, last_event_id, None)
+
+    def _follow(self, job_id: str, limit: float | None) -> Iterator[Event]:
+        # Start just before the newest entry: an attempt that already ended ends at once.
+        tail = self._redis.xrevrange(self._schema.job(job_id).events, count=2)
+        start = to_text(tail[1][0]) if len(tail) == 2 else None
+        return self._events(job_id, start, limit)
+
+    def _events(self, job_id: str, after: str | None, limit: float | None) -> Iterator[Event]:
+        key = self._schema.job(job_id).events
+        end = None if limit is None else time.monotonic() + limit
+        history = self._redis.xrange(key, "-" if after is None else f"({after}")
+        events = [decode_event(eid, raw) for eid, raw in history]
+        # a terminal entry followed by a later attempt's start does not end the watch
+        last_start = max((i for i, e in enumerate(events) if e.kind == "start"), default=-1)
+        cursor = after or "0-0"
+        for i, event in enumerate(events):
+            cursor = event.id
+            yield event
+            if event.terminal and i > last_start:
+                return
+        block_ms = max(1, int(self.config.watch_block * 1000))
+        while True:
+            if end is not None and time.monotonic() >= end:
+                return
+            reply = self._redis.xread({key: cursor}, block=block_ms, count=100)
+            if not reply:
+                status = self._get(job_id, None, fresh=True)
+                if status.state is JobState.STALE:
+                    yield Event(id=cursor, kind="stale", status="STALE", synthetic=True)
+                    return
+                if not status.state.is_settled and status.state is not JobState.UNKNOWN:
+                    continue
+                # ended (its end entry was written with the final state) or gone: take what
+                # the stream holds past the cursor, then stop
+                reply = self._redis.xread({key: cursor}, count=100) or []
+                end = time.monotonic()
+            for _stream, entries in reply:
+                for eid, raw in entries:
+                    event = decode_event(eid, raw)
+                    cursor = event.id
+                    yield event
+                    if event.terminal:
+                        return

@@ -1,0 +1,446 @@
+"""The beat state machine: every decision of a job's heartbeat, with no I/O, no clock and no
+threads or event loop of its own. The asyncio shell (``heartbeat.py`` + ``ticker.py``) and the
+thread shell (``jobpulse.sync``) pass in times, progress readings and decoded replies, and act on
+what it returns; a fix here holds for both.
+
+Checkpoint handles are opaque (an ``asyncio.Future`` in one shell, a ``concurrent.futures.Future``
+in the other): the machine hands back the handles to resolve or to fail, the shell resolves them.
+
+Invariants:
+  * at most one beat is in flight; ``seq`` grows by one per beat built;
+  * once the lease is lost nothing but the LOST record after an EXPIRED loss is written
+    (``final_plan`` says so), and ``finish.lua`` accepts it only if nobody claimed the job;
+  * a checkpoint or stage change of a beat that failed is sent again with the next one.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import socket
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from .._protocol import calls
+from .._protocol.calls import AcquireCode, AcquireReply, BeatCode, BeatReply, FinishCode
+from .._protocol.codec import dump_json, fmt_float, fmt_int, load_json
+from .._protocol.keys import KeySchema, check_job_id
+from .._protocol.scripts import SCRIPTS
+from ..errors import JobBusy, LeaseLostCause
+from .config import MAX_ERROR_CHARS, HeartbeatConfig, check_kind, check_stage, check_total
+from .lease import Lease
+from .sampling import ProcessSample, RateWindow
+
+__all__ = ["BeatMachine", "FinalPlan", "ReplyVerdict", "error_text"]
+
+ACQUIRE_RETRY_FIRST = 0.02
+"""Seconds before the first retry of the index entry and the acquire after a Redis fault."""
+ACQUIRE_RETRY_CAP = 0.5
+"""The retries back off (doubling) up to this many seconds; all of them within ``ttl``."""
+
+H = TypeVar("H")
+
+_LOST_CAUSE = {BeatCode.TAKEN_OVER: LeaseLostCause.TAKEN_OVER}
+_FINISH_LOST = {FinishCode.TAKEN_OVER: LeaseLostCause.TAKEN_OVER}
+
+
+@dataclass(slots=True)
+class ReplyVerdict(Generic[H]):
+    """What a beat reply means for the shell.
+
+    Attributes:
+        resolved: the checkpoint handle the beat wrote (resolve it), else None.
+        failed: checkpoint handles to fail with ``LeaseLost`` (the lease is gone).
+        lost: the cause, when this reply lost the lease (stop the body).
+        cancel: True when this reply is the first to carry a cancel request (stop the body).
+        late: the beat was sent more than an interval late.
+    """
+
+    resolved: H | None = None
+    failed: list[H] = field(default_factory=list)
+    lost: LeaseLostCause | None = None
+    cancel: bool = False
+    late: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class FinalPlan:
+    """Which final state to write and how (``write`` False: the lease was fenced or taken
+    over, so nothing is written)."""
+
+    status: str
+    error: str
+    write: bool
+    limit: float  # seconds the final write may keep retrying
+
+
+class BeatMachine(Generic[H]):
+    """The state of one job's heartbeat. Every argument is checked here, before any I/O."""
+
+    def __init__(
+        self,
+        job_id: str,
+        *,
+        total: int | None,
+        interval: float,
+        ttl: float,
+        namespace: str,
+        meta: Any,
+        kind: str,
+        worker: str | None,
+        stream_every: int,
+        maxlen: int,
+        retention: float,
+        max_meta_bytes: int,
+        max_details_bytes: int,
+        final_timeout: float,
+        index_every: int,
+        index_shards: int,
+    ) -> None:
+        self.job_id = check_job_id(job_id)
+        self.schema = KeySchema(namespace, index_shards)
+        self.keys = self.schema.job(job_id).all()
+        self.cfg = HeartbeatConfig(
+            interval=interval,
+            ttl=ttl,
+            stream_every=stream_every,
+            maxlen=maxlen,
+            retention=retention,
+            max_meta_bytes=max_meta_bytes,
+            max_details_bytes=max_details_bytes,
+            final_timeout=final_timeout,
+            index_every=index_every,
+        )
+        self.total = check_total(total)
+        self.meta = "" if meta is None else dump_json(meta, limit=max_meta_bytes, name="meta")
+        self.kind = check_kind(kind)
+        self.worker = worker if worker is not None else f"{socket.gethostname()}:{os.getpid()}"
+        if not isinstance(self.worker, str) or not 1 <= len(self.worker) <= 200:
+            raise ValueError("worker must be a str of 1 to 200 characters")
+        self.token = secrets.token_hex(6)  # 48 random bits: together with the fence, unique
+
+        self.fence = 0
+        self.attempt = 0
+        self.resume_from: Any = None
+        self.lease = Lease(self.cfg.ttl, float("-inf"), LeaseLostCause.EXPIRED)
+        self.seq = 0
+        self.started_ms = 0
+        self.index_score = 0  # the latest index deadline this worker wrote or read (server ms)
+        self.stage = ""
+        self.cancel_requested = False
+        self.due = 0.0  # when the next beat is due (the shell's clock)
+        self.beats = 0
+        self.written = 0
+        self.failed = 0
+        self._stage_changed = False
+        self._checkpoints: deque[tuple[str, H]] = deque()
+        self._last_checkpoint = ""
+        self._inflight: tuple[str, tuple[str, H] | None] | None = None
+        self._head: list[bytes] = []
+        self._resend_static = False
+        self._last_event_beat = 0
+        self._rate = RateWindow()
+
+    # -- acquire ------------------------------------------------------------------------------
+
+    @property
+    def index_shard(self) -> str:
+        return self.schema.index_for(self.job_id)
+
+    def enroll_call(self) -> calls.Call[int]:
+        return calls.enroll(self.index_shard, self.job_id, int(self.cfg.index_horizon * 1000))
+
+    def acquire_call(self, deadline_ms: int) -> calls.Call[AcquireReply]:
+        """The acquire, after ``enroll`` answered ``deadline_ms``: the sweeper may drop the entry
+        from then on (if the job is not RUNNING by then), so start no later, with a margin for
+        skew between nodes."""
+        self.index_score = deadline_ms
+        horizon_ms = int(self.cfg.index_horizon * 1000)
+        latest = deadline_ms - min(self.cfg.ttl_ms, horizon_ms // 4)
+        args = [self.token, self.cfg.ttl_ms, self.cfg.maxlen, self.worker]
+        args += [fmt_int(self.total), self.meta, "", self.kind, latest]
+        return calls.acquire(self.keys, args)
+
+    def acquired(self, reply: AcquireReply, sent_at: float) -> None:
+        """Take the acquire's reply; raise when nothing was started."""
+        if reply.code is AcquireCode.BUSY:
+            raise JobBusy(self.job_id)
+        if reply.code is not AcquireCode.STARTED:
+            raise TimeoutError(
+                f"job {self.job_id!r}: the acquire reached Redis too late (after its index "
+                f"entry could have been dropped); nothing was started"
+            )
+        self.fence, self.attempt, self.seq = reply.fence, reply.attempt, reply.seq
+        self.resume_from = load_json(reply.resume)
+        self._last_checkpoint = reply.resume
+        self.started_ms = reply.started_ms
+        self.lease = Lease(self.cfg.ttl, sent_at)
+        # What every beat starts with, encoded once (redis-py passes bytes through as they are).
+        head = (SCRIPTS.beat.sha, 5, *self.keys, self.token, self.fence, self.cfg.ttl_ms)
+        self._head = [str(x).encode() for x in head]
+        self.due = sent_at + self.cfg.interval
+
+    def acquire_timeout_text(self, enrolled: bool, fault: BaseException | None = None) -> str:
+        """Why entering gave up after ``ttl``, and what may be left (``fault``: the last Redis
+        fault the shell retried through, if any)."""
+        step = "acquire its lease" if enrolled else "index the job"
+        left = (
+            "the job was either not started, or started and indexed: if so it goes stale "
+            "within ttl and a sweeper marks it LOST"
+            if enrolled
+            else "nothing is running"
+        )
+        return (
+            f"job {self.job_id!r}: Redis did not answer in time (ttl={self.cfg.ttl} s"
+            + ("" if fault is None else f"; last fault {fault!r}")
+            + f") while trying to {step}; {left}"
+        )
+
+    # -- the body's requests -------------------------------------------------------------------
+
+    def set_stage(self, name: str) -> bool:
+        """Record a stage; True when it changed (the next beat carries a ``stage`` entry)."""
+        check_stage(name)
+        if name == self.stage:
+            return False
+        self.stage = name
+        self._stage_changed = True
+        return True
+
+    def checkpoint_text(self, details: dict[str, Any]) -> str:
+        return dump_json(details, limit=self.cfg.max_details_bytes, name="checkpoint details")
+
+    def add_checkpoint(self, text: str, handle: H, now: float) -> None:
+        """Queue a checkpoint; the next beat is due at once."""
+        self._checkpoints.append((text, handle))
+        self.due = now
+
+    # -- beats ---------------------------------------------------------------------------------
+
+    @property
+    def ready(self) -> bool:
+        """A beat may be sent: none in flight and the lease held."""
+        return self._inflight is None and self.lease.held
+
+    def next_beat(
+        self, now: float, lag: float, sample: ProcessSample, done: int, total: int | None
+    ) -> list[Any]:
+        """Build the next beat (the ``EVALSHA`` command) and mark it in flight."""
+        kind, details, checkpoint = "", "", None
+        self.beats += 1
+        if self._checkpoints:
+            checkpoint = self._checkpoints.popleft()
+            kind, details = "checkpoint", checkpoint[0]
+        elif self._stage_changed:
+            kind = "stage"
+        elif self.beats - self._last_event_beat >= self.cfg.stream_every:
+            kind = "beat"
+        if kind:
+            self._last_event_beat = self.beats
+            self._stage_changed = False
+        self._inflight = (kind, checkpoint)
+        self.seq += 1
+        args: list[Any] = ["EVALSHA", *self._head, self.seq, kind, details, self.cfg.maxlen]
+        args += self._dynamic(done, total, sample, lag, now)
+        if checkpoint is not None:
+            self._last_checkpoint = details
+            args += ["checkpoint", details]
+        if self._resend_static:
+            args += self._static_pairs()
+        return args
+
+    def index_due(self) -> bool:
+        """The running-index entry is refreshed with this beat (every ``index_every`` beats,
+        and after a data loss)."""
+        return self.beats % self.cfg.index_every == 0 or self._resend_static
+
+    def index_members(self, server_now: float) -> list[tuple[str, str, int]]:
+        """``(key, member, score)`` of an index refresh at server time ``server_now`` (s)."""
+        deadline = int((server_now + self.cfg.index_horizon) * 1000)
+        return [
+            (self.index_shard, self.job_id, deadline),
+            # the per-kind index and the kinds (docs/protocol.md) ride on the same refresh
+            (self.schema.kind_index(self.kind), self.job_id, self.started_ms),
+            (self.schema.kinds(), self.kind, deadline),
+        ]
+
+    def replied(self, sent_at: float, reply: BeatReply, *, ended: bool) -> ReplyVerdict[H]:
+        """Take a beat's reply (``ended``: the final write has begun and decides instead)."""
+        verdict: ReplyVerdict[H] = ReplyVerdict()
+        inflight, self._inflight = self._inflight, None
+        if ended:
+            return verdict
+        handle = inflight[1][1] if inflight and inflight[1] else None
+        if reply.code < 0:
+            verdict.lost = self.lose(_LOST_CAUSE.get(reply.code, LeaseLostCause.FENCED_OUT))
+            if handle is not None:
+                verdict.failed.append(handle)
+            verdict.failed += self.drain_checkpoints() if verdict.lost else []
+            return verdict
+        self.lease.renewed(sent_at)
+        # keep the cadence: beats are sent up to a tenth of an interval early (to share ticks)
+        due = self.due + self.cfg.interval
+        if due <= sent_at:  # late (a starved loop, a slow reply): no burst to catch up
+            due = sent_at + self.cfg.interval
+            verdict.late = True
+        if reply.code is BeatCode.SEQ_BEHIND:
+            self.seq = max(self.seq, reply.snapshot_seq)
+            self._requeue(inflight)
+            due = sent_at
+        else:
+            self.written += 1
+            self._resend_static = reply.code is BeatCode.RESEND_STATIC
+            if self._resend_static:
+                due = sent_at  # resend the static fields at once
+            verdict.resolved = handle
+        if self._checkpoints:
+            due = sent_at  # a checkpoint asked for while this beat was in flight
+        self.due = due
+        if reply.cancel and not self.cancel_requested:
+            self.cancel_requested = verdict.cancel = True
+        return verdict
+
+    def beat_failed(self, sent_at: float, *, at_once: bool, ended: bool) -> None:
+        """A beat got no answer, or an error: retry after ``min(interval, 0.25)`` s, or at once
+        (NOSCRIPT: the script is being loaded)."""
+        inflight, self._inflight = self._inflight, None
+        if ended:
+            return
+        self.failed += 1
+        self._requeue(inflight)
+        self.due = sent_at if at_once else sent_at + min(self.cfg.interval, 0.25)
+
+    def _requeue(self, inflight: tuple[str, tuple[str, H] | None] | None) -> None:
+        if inflight is None:
+            return
+        kind, checkpoint = inflight
+        if checkpoint is not None:
+            self._checkpoints.appendleft(checkpoint)
+        elif kind == "stage":
+            self._stage_changed = True
+
+    # -- the lease ------------------------------------------------------------------------------
+
+    def expire_if_due(self, now: float) -> LeaseLostCause | None:
+        """EXPIRED when the lease's local deadline passed (and it was held until now)."""
+        return LeaseLostCause.EXPIRED if self.lease.expire_if_due(now) else None
+
+    def lose(self, cause: LeaseLostCause) -> LeaseLostCause | None:
+        """Record a loss; the cause when this call lost the lease, None when already lost."""
+        return cause if self.lease.lose(cause) else None
+
+    def drain_checkpoints(self) -> list[H]:
+        """The queued checkpoint handles (to fail: the lease is gone)."""
+        out = [handle for _, handle in self._checkpoints]
+        self._checkpoints.clear()
+        return out
+
+    # -- the end -------------------------------------------------------------------------------
+
+    def final_plan(
+        self,
+        *,
+        crash: BaseException | None,
+        exc: BaseException | None,
+        cancelled: bool,
+    ) -> FinalPlan:
+        """Which final state to write. ``exc``: what left the body (None, or an exception that is
+        not a cancellation); ``cancelled``: the body ended by a cancel (external, on request, or
+        ``JobCancelled``)."""
+        cause = self.lease.lost
+        if crash is not None:
+            status, error = "FAILED", error_text(crash)
+        elif cause is not None:
+            status, error = "LOST", f"lease lost: {cause.value}"
+        elif cancelled or self.cancel_requested:
+            status, error = "CANCELLED", "" if exc is None else error_text(exc)
+        elif exc is not None:
+            status, error = "FAILED", error_text(exc)
+        else:
+            status, error = "COMPLETED", ""
+        # LOST: the lease is already gone, the caller is owed LeaseLost within about
+        # ttl + interval, and a sweeper records LOST anyway: try it for one interval only.
+        limit = self.cfg.final_timeout
+        if status == "LOST":
+            limit = min(limit, self.cfg.interval)
+        write = cause in (None, LeaseLostCause.EXPIRED)
+        return FinalPlan(status, error, write, limit)
+
+    def finish_call(
+        self,
+        status: str,
+        error: str,
+        sample: ProcessSample | None,
+        done: int,
+        total: int | None,
+    ) -> calls.Call[FinishCode]:
+        """The final write of ``status`` (the shell bumps ``seq`` once before the first try)."""
+        args: list[Any] = [self.token, self.fence, self.cfg.ttl_ms, self.seq, status]
+        args += [error[:MAX_ERROR_CHARS], self.cfg.maxlen, int(self.cfg.retention * 1000)]
+        args += ["", *self._dynamic(done, total, sample, 0.0, None), *self._static_pairs()]
+        return calls.finish(self.keys, args)
+
+    def finished(self, code: FinishCode) -> bool:
+        """Take the final write's reply; True when the job may be dropped from the index."""
+        if code < 0:
+            self.lease.lose(_FINISH_LOST.get(code, LeaseLostCause.FENCED_OUT))
+            return False
+        return True
+
+    def unindex_calls(self) -> list[calls.Call[int]]:
+        """The conditional removals after the final write: the kind entry first (a failure
+        keeps the running entry, and the sweeper that drops it drops the kind entry too), only
+        this attempt's (by ``started_ms``); then the running entry, only while it holds a
+        deadline this worker wrote or read (a new attempt's enroll always moves it past)."""
+        return [
+            calls.unindex(self.schema.kind_index(self.kind), [self.job_id, self.started_ms]),
+            calls.unindex(self.index_shard, [self.job_id, self.index_score]),
+        ]
+
+    def index_read(self, score: float | None) -> None:
+        """The running-index score read before the final write (see ``docs/protocol.md``)."""
+        if score is not None:
+            self.index_score = max(self.index_score, int(score))
+
+    # -- encoding ------------------------------------------------------------------------------
+
+    def _dynamic(
+        self,
+        done: int,
+        total: int | None,
+        sample: ProcessSample | None,
+        lag: float,
+        now: float | None,
+    ) -> list[str]:
+        done = max(done, 0)
+        if now is not None:
+            self._rate.add(now, done)
+        return [
+            str(done),
+            fmt_int(total),
+            self.stage,
+            fmt_float(self._rate.rate()),
+            fmt_float(self._rate.eta(done, total), 1),
+            "" if sample is None else str(sample.rss_bytes),
+            "" if sample is None else fmt_float(sample.cpu_seconds),
+            fmt_float(lag * 1000, 1),
+        ]
+
+    def _static_pairs(self) -> list[Any]:
+        pairs: list[Any] = ["attempt", self.attempt, "worker", self.worker]
+        pairs += ["started_ms", self.started_ms, "meta", self.meta, "kind", self.kind]
+        if self._last_checkpoint:
+            pairs += ["checkpoint", self._last_checkpoint]
+        return pairs
+
+    def describe(self, name: str) -> str:
+        return (
+            f"<{name} job={self.job_id} fence={self.fence} attempt={self.attempt} "
+            f"seq={self.seq} lease={self.lease}>"
+        )
+
+
+def error_text(exc: BaseException) -> str:
+    """``"Type: message"``, cut to ``MAX_ERROR_CHARS``."""
+    return f"{type(exc).__name__}: {exc}"[:MAX_ERROR_CHARS]

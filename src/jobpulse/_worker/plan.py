@@ -1,0 +1,163 @@
+"""When each job beats next: the heap both tickers (asyncio and thread) plan with. Pure.
+
+Beats of jobs due within a tenth of their interval are taken together (``COALESCE``), so jobs
+started at scattered times share a few pipelines per interval; a take costs
+O(due · log n), never a scan of every job.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, Protocol, TypeVar
+
+from .._protocol.calls import BeatReply, decode_beat
+from .._protocol.errors import is_noscript
+from .._protocol.scripts import SCRIPTS, Script
+from ..errors import LeaseLostCause
+from .machine import BeatMachine
+from .sampling import ProcessSample
+
+__all__ = ["CHUNK", "COALESCE", "BeatPlan", "Beating", "Settled", "settle_beats"]
+
+COALESCE = 0.1
+"""A beat may go out this fraction of its interval early, to share a pipeline."""
+CHUNK = 256
+"""Beats per pipeline."""
+
+
+class Beating(Protocol):
+    """What a ticker needs of a job (the narrow interface of both shells' heartbeats)."""
+
+    @property
+    def machine(self) -> BeatMachine[Any]: ...
+
+    def beat(self, now: float, lag: float, sample: ProcessSample) -> list[Any]:
+        """Build the next beat (the machine reads the job's progress)."""
+        ...
+
+    def beat_replied(self, sent_at: float, reply: BeatReply) -> None: ...
+
+    def beat_failed(
+        self, sent_at: float, exc: BaseException, *, quiet: bool, at_once: bool
+    ) -> None: ...
+
+    def crashed(self, exc: BaseException) -> None: ...
+
+    def lease_expired(self, cause: LeaseLostCause) -> None:
+        """The lease's local deadline passed (the machine already recorded the loss)."""
+        ...
+
+
+J = TypeVar("J", bound=Beating)
+
+
+class BeatPlan(Generic[J]):
+    """The registered jobs and a heap of their next beats.
+
+    A job may have stale heap entries; only the one equal to its planned time counts.
+    Invariant: every registered job not in flight has a live entry.
+    """
+
+    def __init__(self) -> None:
+        self.jobs: dict[int, J] = {}
+        self._heap: list[tuple[float, int, J]] = []
+        self._planned: dict[int, float] = {}
+        self._order = itertools.count()
+
+    def __len__(self) -> int:
+        return len(self.jobs)
+
+    def add(self, job: J) -> bool:
+        """Register ``job`` and plan it; True when it is due before everything planned."""
+        self.jobs[id(job)] = job
+        return self.schedule(job)
+
+    def remove(self, job: J) -> None:
+        """Forget ``job``; its heap entries are dropped when they surface."""
+        self.jobs.pop(id(job), None)
+        self._planned.pop(id(job), None)
+
+    def schedule(self, job: J) -> bool:
+        """Plan ``job``'s next beat at ``job.machine.due``; True when that is the earliest."""
+        if self.jobs.get(id(job)) is not job:
+            return False
+        when = job.machine.due
+        self._planned[id(job)] = when
+        earliest = not self._heap or when < self._heap[0][0]
+        heapq.heappush(self._heap, (when, next(self._order), job))
+        return earliest
+
+    def first(self) -> float:
+        """When the first planned beat is due (``inf``: none)."""
+        return self._heap[0][0] if self._heap else math.inf
+
+    def take_due(self, now: float) -> list[J]:
+        """Pop the jobs due now and those due within ``COALESCE`` of their interval."""
+        due: list[J] = []
+        heap = self._heap
+        while heap and heap[0][0] - COALESCE * heap[0][2].machine.cfg.interval <= now:
+            when, _, job = heapq.heappop(heap)
+            live = self.jobs.get(id(job)) is job and self._planned.get(id(job)) == when
+            if live and job.machine.ready:
+                due.append(job)
+        return due
+
+    def index_refresh(
+        self, jobs: list[J], server_now: Callable[[], float] | None
+    ) -> dict[str, dict[str, int]]:
+        """ZADD members for the jobs whose index entry is due, grouped by key (``server_now``:
+        the server's clock in seconds, None while unknown: no refresh yet)."""
+        out: dict[str, dict[str, int]] = {}
+        if server_now is None:
+            return out
+        for job in jobs:
+            if job.machine.index_due():
+                for key, member, score in job.machine.index_members(server_now()):
+                    out.setdefault(key, {})[member] = score
+        return out
+
+
+@dataclass(slots=True)
+class Settled:
+    """What a settled pipeline asks of its ticker."""
+
+    load: list[Script]  # scripts to load (a NOSCRIPT came back)
+    server_ms: int | None  # the server's clock in a reply (ms), for index deadlines
+    index_failure: BaseException | None  # an index refresh failed (logged; the next retries)
+
+
+def settle_beats(
+    jobs: Sequence[Beating],
+    results: Sequence[Any],
+    index: dict[str, dict[str, int]],
+    sent_at: float,
+) -> Settled:
+    """Hand each job its beat's reply (or error) from a pipeline of ``len(jobs)`` beats
+    followed by one ZADD per ``index`` key. Both tickers call it; it does no I/O."""
+    settled = Settled([], None, None)
+    refreshed: set[str] = set()
+    for key, result in zip(index, results[len(jobs) :], strict=True):
+        if isinstance(result, Exception):
+            settled.index_failure = result
+        else:
+            refreshed.add(key)
+    for job in jobs:  # what the job's conditional unindex may remove at its end
+        m = job.machine
+        if m.index_shard in refreshed:
+            m.index_read(index[m.index_shard].get(m.job_id))
+    for job, result in zip(jobs, results, strict=False):
+        if isinstance(result, Exception):
+            missing = is_noscript(result)
+            job.beat_failed(sent_at, result, quiet=missing, at_once=missing)
+            if missing:
+                settled.load = [SCRIPTS.beat]
+        else:
+            reply = decode_beat(result)
+            job.beat_replied(sent_at, reply)
+            if reply.now_ms > 0:  # a refused beat ({-2,0,0,0}) carries no server time
+                settled.server_ms = reply.now_ms
+    return settled

@@ -1,0 +1,94 @@
+"""User-style code for the worker, reader, sweeper and sync APIs, checked by ``mypy --strict``.
+
+Lines marked ``# type: ignore[...]`` are mistakes mypy must catch: under ``--strict``
+(``warn_unused_ignores``) an ignore that is not needed is itself an error, so each one proves
+the mistake is refused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+
+import jobpulse
+from jobpulse import (
+    CacheStatistics,
+    Event,
+    HeartbeatStatistics,
+    JobState,
+    JobStatus,
+    OnStale,
+    ReaderStatistics,
+    StaleJob,
+    SweeperStatistics,
+)
+from jobpulse.sync import StatusReader as SyncReader
+from jobpulse.sync import SyncHeartbeat
+
+
+async def worker(client: aioredis.Redis, cluster: RedisCluster) -> HeartbeatStatistics:
+    async with jobpulse.heartbeat(client, "a", total=10, interval=0.5, ttl=3.0, kind="etl") as hb:
+        hb.progress.advance()
+        hb.check()
+        stats = hb.statistics()
+    async with jobpulse.heartbeat(cluster, "b", meta={"k": 1}, final_timeout=5.0):
+        pass
+    return stats
+
+
+def typos_are_refused(client: aioredis.Redis, sync: redis.Redis) -> None:
+    jobpulse.heartbeat(client, "x", totl=10)  # type: ignore[call-arg]
+    jobpulse.heartbeat(client, "x", interval="fast")  # type: ignore[arg-type]
+    jobpulse.heartbeat(sync, "x")  # type: ignore[arg-type]
+    jobpulse.sync.heartbeat(sync, "x", ttl="long")  # type: ignore[arg-type]
+    jobpulse.sync.heartbeat(client, "x")  # type: ignore[arg-type]
+
+
+async def reader(client: aioredis.Redis) -> list[Event]:
+    async with jobpulse.StatusReader(client, cache_ttl=0.25) as r:
+        status: JobStatus = await r.get("a", fields=["done", "total"])
+        done: int | None = status.done
+        assert done is None or done >= 0
+        final = await r.wait("a", timeout=10.0)
+        assert final.state in (JobState.COMPLETED, JobState.FAILED)
+        stats: ReaderStatistics = r.statistics()
+        cache: CacheStatistics = stats.cache
+        assert cache.hits >= 0
+        return [event async for event in r.watch("a")]
+
+
+async def sweeper(client: aioredis.Redis) -> SweeperStatistics:
+    def log_it(job: StaleJob) -> None:
+        print(job.job_id, job.attempt, job.checkpoint)
+
+    on_stale: OnStale = log_it
+    s = jobpulse.Sweeper(client)
+    async with asyncio.timeout(5):
+        for job in await s.sweep():
+            on_stale(job)
+    return s.statistics()
+
+
+def sync_worker(client: redis.Redis) -> int:
+    with jobpulse.sync.heartbeat(client, "s", total=100, kind="report") as hb:
+        sync_hb: SyncHeartbeat = hb
+        for _ in range(100):
+            hb.check()
+            hb.progress.advance()
+        written: bool = hb.checkpoint(offset=100)
+        print(written)
+        hb.set_stage("upload")
+        return sync_hb.fence + hb.attempt
+
+
+def sync_reader(client: redis.Redis) -> JobState:
+    r = SyncReader(client)
+    for event in r.watch("s"):
+        print(event.kind)
+    done = threading.Event()
+    done.set()
+    return r.wait("s", timeout=30.0).state

@@ -1,0 +1,224 @@
+"""The beat state machine, the beat plan and the typed calls: no Redis, no sleeping."""
+
+from __future__ import annotations
+
+import re
+from importlib import resources
+from typing import Any
+
+import pytest
+
+from jobpulse import JobBusy, LeaseLostCause
+from jobpulse._protocol import calls
+from jobpulse._protocol.calls import AcquireCode, AcquireReply, BeatCode, BeatReply, FinishCode
+from jobpulse._protocol.codec import DYNAMIC_FIELDS
+from jobpulse._worker.machine import BeatMachine
+from jobpulse._worker.plan import BeatPlan
+from jobpulse._worker.sampling import ProcessSample
+
+SAMPLE = ProcessSample(rss_bytes=1000, cpu_seconds=0.5)
+
+
+def machine(**options: Any) -> BeatMachine[str]:
+    settings: dict[str, Any] = dict(
+        total=None, interval=1.0, ttl=6.0, namespace="t", meta=None, kind="", worker="w",
+        stream_every=10, maxlen=1000, retention=3600.0, max_meta_bytes=65536,
+        max_details_bytes=65536, final_timeout=30.0, index_every=10, index_shards=1,
+    )  # fmt: skip
+    settings.update(options)
+    m: BeatMachine[str] = BeatMachine("job", **settings)
+    m.acquired(AcquireReply(AcquireCode.STARTED, 3, 1, 0, "", 1000), sent_at=100.0)
+    return m
+
+
+def written(seq: int = 0, cancel: bool = False) -> BeatReply:
+    return BeatReply(BeatCode.WRITTEN, cancel, 5000, seq)
+
+
+def test_dynamic_fields_agree_with_lib_lua() -> None:
+    lib = resources.files("jobpulse._protocol").joinpath("lua/_lib.lua").read_text()
+    match = re.search(r"local DYNAMIC = \{([^}]*)\}", lib)
+    assert match is not None
+    assert tuple(re.findall(r"'([a-z_]+)'", match.group(1))) == DYNAMIC_FIELDS
+
+
+def test_acquire_refusals_raise_before_anything_runs() -> None:
+    m: BeatMachine[str] = machine()
+    with pytest.raises(JobBusy):
+        m.acquired(AcquireReply(AcquireCode.BUSY), 0.0)
+    with pytest.raises(TimeoutError, match="too late"):
+        m.acquired(AcquireReply(AcquireCode.TOO_LATE), 0.0)
+
+
+def test_first_beat_is_due_one_interval_after_the_acquire_and_seq_grows() -> None:
+    m = machine()
+    assert m.due == 101.0
+    args = m.next_beat(101.0, 0.0, SAMPLE, 5, None)
+    assert args[0] == "EVALSHA"
+    assert args[11] == 1  # seq, after the head: EVALSHA sha 5 keys*5 token fence ttl
+    assert not m.ready  # one beat in flight at a time
+    m.replied(101.0, written(), ended=False)
+    assert m.ready
+    assert m.due == 102.0
+
+
+def test_a_stage_change_rides_the_next_beat_and_is_resent_after_a_failure() -> None:
+    m = machine()
+    assert m.set_stage("load") is True
+    assert m.set_stage("load") is False
+    assert m.next_beat(101.0, 0.0, SAMPLE, 0, None)[12] == "stage"
+    m.beat_failed(101.0, at_once=False, ended=False)
+    assert m.due == 101.25
+    assert m.next_beat(101.25, 0.0, SAMPLE, 0, None)[12] == "stage"
+
+
+def test_checkpoint_handle_is_resolved_by_the_reply_that_wrote_it() -> None:
+    m = machine()
+    m.add_checkpoint('{"a":1}', "handle", now=100.5)
+    assert m.due == 100.5
+    args = m.next_beat(100.5, 0.0, SAMPLE, 0, None)
+    assert args[12:14] == ["checkpoint", '{"a":1}']
+    verdict = m.replied(100.5, written(), ended=False)
+    assert verdict.resolved == "handle"
+
+
+def test_seq_behind_jumps_forward_and_resends_at_once() -> None:
+    m = machine()
+    m.add_checkpoint("{}", "h", now=101.0)
+    m.next_beat(101.0, 0.0, SAMPLE, 0, None)
+    verdict = m.replied(101.0, BeatReply(BeatCode.SEQ_BEHIND, False, 5000, 40), ended=False)
+    assert verdict.resolved is None
+    assert m.seq == 40
+    assert m.due == 101.0
+    assert m.next_beat(101.0, 0.0, SAMPLE, 0, None)[11] == 41
+
+
+def test_resend_static_after_data_loss() -> None:
+    m = machine(kind="etl")
+    m.next_beat(101.0, 0.0, SAMPLE, 0, None)
+    m.replied(101.0, BeatReply(BeatCode.RESEND_STATIC, False, 5000, 1), ended=False)
+    assert m.due == 101.0
+    assert m.index_due()
+    args = m.next_beat(101.0, 0.0, SAMPLE, 0, None)
+    assert args[-10:] == [
+        "attempt",
+        1,
+        "worker",
+        "w",
+        "started_ms",
+        1000,
+        "meta",
+        "",
+        "kind",
+        "etl",
+    ]
+
+
+@pytest.mark.parametrize(
+    ("code", "cause"),
+    [
+        (BeatCode.TAKEN_OVER, LeaseLostCause.TAKEN_OVER),
+        (BeatCode.FENCED_OUT, LeaseLostCause.FENCED_OUT),
+    ],
+)
+def test_a_lost_lease_fails_every_checkpoint_and_writes_nothing(
+    code: BeatCode, cause: LeaseLostCause
+) -> None:
+    m = machine()
+    m.add_checkpoint("{}", "sent", now=101.0)
+    m.next_beat(101.0, 0.0, SAMPLE, 0, None)
+    m.add_checkpoint("{}", "queued", now=101.0)
+    verdict = m.replied(101.0, BeatReply(code, False, 0, 0), ended=False)
+    assert verdict.lost is cause
+    assert verdict.failed == ["sent", "queued"]
+    plan = m.final_plan(crash=None, exc=None, cancelled=False)
+    assert plan.status == "LOST"
+    assert plan.write is False
+
+
+def test_expiry_by_the_local_clock_writes_lost_for_one_interval_at_most() -> None:
+    m = machine()
+    assert m.expire_if_due(105.9) is None
+    assert m.expire_if_due(106.0) is LeaseLostCause.EXPIRED
+    assert m.expire_if_due(107.0) is None  # lost once
+    plan = m.final_plan(crash=None, exc=None, cancelled=False)
+    assert (plan.status, plan.error, plan.write, plan.limit) == (
+        "LOST", "lease lost: expired", True, 1.0,
+    )  # fmt: skip
+
+
+def test_a_cancel_is_reported_once() -> None:
+    m = machine()
+    m.next_beat(101.0, 0.0, SAMPLE, 0, None)
+    assert m.replied(101.0, written(cancel=True), ended=False).cancel is True
+    m.next_beat(102.0, 0.0, SAMPLE, 0, None)
+    assert m.replied(102.0, written(cancel=True), ended=False).cancel is False
+    assert m.final_plan(crash=None, exc=None, cancelled=False).status == "CANCELLED"
+
+
+def test_final_status_rules() -> None:
+    m = machine()
+    assert m.final_plan(crash=None, exc=None, cancelled=False).status == "COMPLETED"
+    failed = m.final_plan(crash=None, exc=ValueError("bad"), cancelled=False)
+    assert (failed.status, failed.error) == ("FAILED", "ValueError: bad")
+    assert m.final_plan(crash=None, exc=None, cancelled=True).status == "CANCELLED"
+    crash = m.final_plan(crash=RuntimeError("bug"), exc=None, cancelled=True)
+    assert (crash.status, crash.error) == ("FAILED", "RuntimeError: bug")
+
+
+def test_a_reply_after_the_end_changes_nothing() -> None:
+    m = machine()
+    m.next_beat(101.0, 0.0, SAMPLE, 0, None)
+    verdict = m.replied(101.0, BeatReply(BeatCode.TAKEN_OVER, True, 0, 0), ended=True)
+    assert verdict.lost is None
+    assert m.lease.held
+
+
+def test_late_beats_keep_no_burst() -> None:
+    m = machine()
+    m.next_beat(105.0, 4.0, SAMPLE, 0, None)
+    verdict = m.replied(105.0, written(), ended=False)
+    assert verdict.late is True
+    assert m.due == 106.0
+
+
+def test_finish_call_encodes_the_final_state() -> None:
+    m = machine()
+    call = m.finish_call("FAILED", "E: x" * 1000, None, 3, 10)
+    assert call.script.name == "finish"
+    assert call.args[4] == "FAILED"
+    assert len(call.args[5]) == 1000
+    assert m.finished(FinishCode.WRITTEN) is True
+    assert m.finished(FinishCode.FENCED_OUT) is False
+    assert m.lease.lost is LeaseLostCause.FENCED_OUT
+
+
+class _Job:
+    def __init__(self, due: float) -> None:
+        self.machine = machine()
+        self.machine.due = due
+
+
+def test_plan_takes_due_jobs_and_coalesces_within_a_tenth_of_the_interval() -> None:
+    plan: BeatPlan[Any] = BeatPlan()
+    early, soon, later = _Job(10.0), _Job(10.09), _Job(10.5)
+    for job in (later, soon, early):
+        plan.add(job)
+    assert plan.first() == 10.0
+    assert plan.take_due(10.0) == [early, soon]
+    assert plan.take_due(10.0) == []
+    later.machine.due = 12.0
+    plan.schedule(later)  # the old entry (10.5) is stale now
+    assert plan.take_due(11.0) == []
+    plan.remove(later)
+    assert plan.take_due(13.0) == []
+    assert len(plan) == 2
+
+
+def test_calls_name_their_codes() -> None:
+    reply = calls.decode_beat([b"-1", b"0", b"0", b"0"])
+    assert reply.code is BeatCode.TAKEN_OVER
+    assert calls.cancel(("a",) * 5, 10, "").decode(2) is calls.CancelCode.ALREADY_REQUESTED
+    acquired = calls.acquire(("a",) * 5, []).decode([1, 4, 2, 9, b'{"x":1}', 77])
+    assert acquired == AcquireReply(AcquireCode.STARTED, 4, 2, 9, '{"x":1}', 77)
+    assert calls.enroll("s", "j", 5).command()[:3] == ("EVALSHA", calls.SCRIPTS.enroll.sha, 1)
