@@ -222,3 +222,20 @@ def test_calls_name_their_codes() -> None:
     acquired = calls.acquire(("a",) * 5, []).decode([1, 4, 2, 9, b'{"x":1}', 77])
     assert acquired == AcquireReply(AcquireCode.STARTED, 4, 2, 9, '{"x":1}', 77)
     assert calls.enroll("s", "j", 5).command()[:3] == ("EVALSHA", calls.SCRIPTS.enroll.sha, 1)
+
+
+def test_a_failed_checkpoint_beat_is_resent_with_its_seq_so_a_replay_records_it_once() -> None:
+    """The first send may have run (its reply lost): resending the same checkpoint under the
+    same seq lets beat.lua answer it as a replay instead of recording it twice."""
+    m = machine()
+    m.add_checkpoint('{"step":1}', "handle", 101.0)
+    first = m.next_beat(101.0, 0.0, SAMPLE, 1, None)
+    m.beat_failed(101.0, at_once=False, ended=False)
+    again = m.next_beat(101.3, 0.0, SAMPLE, 2, None)
+    assert again[11] == first[11]  # the same seq
+    assert (again[12], again[13]) == (first[12], first[13]) == ("checkpoint", '{"step":1}')
+    assert m.replied(101.3, written(), ended=False).resolved == "handle"
+    # a failed beat without a checkpoint: the next one takes a new seq
+    plain = m.next_beat(102.3, 0.0, SAMPLE, 3, None)
+    m.beat_failed(102.3, at_once=False, ended=False)
+    assert m.next_beat(102.6, 0.0, SAMPLE, 3, None)[11] == plain[11] + 1

@@ -137,6 +137,10 @@ class BeatMachine(Generic[H]):
         self._checkpoints: deque[tuple[str, H]] = deque()
         self._last_checkpoint = ""
         self._inflight: tuple[str, tuple[str, H] | None] | None = None
+        # (seq, checkpoint) of a checkpoint beat that failed: its resend reuses the seq, so if
+        # the first send ran after all (its reply lost), beat.lua answers the resend as a
+        # replay and the checkpoint is recorded once
+        self._replay: tuple[int, tuple[str, H]] | None = None
         self._head: list[bytes] = []
         self._resend_static = False
         self._last_event_beat = 0
@@ -240,7 +244,9 @@ class BeatMachine(Generic[H]):
             self._last_event_beat = self.beats
             self._stage_changed = False
         self._inflight = (kind, checkpoint)
-        self.seq += 1
+        replay, self._replay = self._replay, None
+        if not (replay and checkpoint is replay[1] and self.seq == replay[0]):
+            self.seq += 1
         args: list[Any] = ["EVALSHA", *self._head, self.seq, kind, details, self.cfg.maxlen]
         args += self._dynamic(done, total, sample, lag, now)
         if checkpoint is not None:
@@ -308,6 +314,8 @@ class BeatMachine(Generic[H]):
         if ended:
             return
         self.failed += 1
+        if inflight is not None and inflight[1] is not None:
+            self._replay = (self.seq, inflight[1])
         self._requeue(inflight)
         self.due = sent_at if at_once else sent_at + min(self.cfg.interval, 0.25)
 
