@@ -69,13 +69,32 @@ async def test_the_proxy_refuses_only_blocking_reads_with_an_err_reply(
 async def test_watch_polls_after_the_refusal_and_sees_every_event(
     refusing: Proxied, ns: str
 ) -> None:
-    go = asyncio.Event()
-    task = asyncio.create_task(gated_job(refusing.direct, ns, "w", go))
+    """After the refusal, a running job's entries reach the watcher by polling XREAD. The job
+    stays RUNNING until the watcher has seen its step 0, so that entry cannot come from the
+    loop's liveness check (which reads the rest of a stream only once the job has ended)."""
+    go, seen_live = asyncio.Event(), asyncio.Event()
+
+    async def job() -> None:
+        async with heartbeat(refusing.direct, "w", namespace=ns, interval=0.05) as hb:
+            await hb.checkpoint(step="first")
+            await go.wait()
+            await hb.checkpoint(step=0)
+            await seen_live.wait()  # still RUNNING: only a poll can deliver step 0
+            for i in range(1, STEPS):
+                hb.progress.advance()
+                await hb.checkpoint(step=i)
+
+    task = asyncio.create_task(job())
     async with StatusReader(refusing.via_proxy, namespace=ns, liveness_interval=0.2) as reader:
         await eventually(lambda: refusing.direct.exists(KeySchema(ns).events("w")))
 
         async def watch() -> list[Event]:
-            return [e async for e in reader.watch("w")]
+            out: list[Event] = []
+            async for event in reader.watch("w"):
+                out.append(event)
+                if event.details == {"step": 0}:
+                    seen_live.set()
+            return out
 
         watching = asyncio.create_task(watch())
         await eventually(lambda: refused_once(refusing))  # the live loop tried to block
@@ -89,10 +108,10 @@ async def test_watch_polls_after_the_refusal_and_sees_every_event(
         *({"step": i} for i in range(STEPS)),
     ]
     assert events[-1].kind == "end"
-    assert not events[-1].synthetic  # the real end entry, read by a poll
+    assert not events[-1].synthetic  # the real end entry
     assert events[-1].status == "COMPLETED"
     assert refusing.proxy.refused == 1  # refused once, then never asked to block again
-    assert stats.xreads > 1  # it went on reading: by polling
+    assert stats.xreads > 1  # the refused one, then the polls that delivered step 0 live
 
 
 async def test_wait_returns_the_final_state_without_blocking_reads(
