@@ -245,13 +245,17 @@ async def soak(client: aioredis.Redis, url: str, seconds: float, jobs: int = 50)
 
 
 async def _run(
-    redis_url: str, repeats: int, upkeep_seconds: float, soak_seconds: float
+    redis_url: str,
+    repeats: int,
+    upkeep_seconds: float,
+    soak_seconds: float,
+    sizes: tuple[int, ...] = SIZES,
 ) -> dict[str, Any]:
     client = aioredis.Redis.from_url(redis_url)
     try:
         await client.flushdb()
         out: dict[str, Any] = {"benchmark": "sweep"}
-        out["sweep"] = [await sweep_cost(client, n, repeats) for n in SIZES]
+        out["sweep"] = [await sweep_cost(client, n, repeats) for n in sizes]
         out["index_upkeep"] = [
             await index_upkeep(client, redis_url, 500, upkeep_seconds, every) for every in (1, 10)
         ]
@@ -268,10 +272,13 @@ def run(
     repeats: int = 20,
     upkeep_seconds: float = 5.0,
     soak_seconds: float = 0.0,
+    quick: bool = False,
 ) -> dict[str, Any]:
     """Run the measurements against ``redis_url`` (a server of its own: it is flushed and its
     commandstats are read) and return the results as a dict. ``soak_seconds`` > 0 adds the
-    CPU-saturated soak."""
+    CPU-saturated soak; ``quick`` (the CI smoke run) stops at 10,000 jobs with short windows."""
+    if quick:
+        return asyncio.run(_run(redis_url, 5, 1.0, 0.0, SIZES[:2]))
     return asyncio.run(_run(redis_url, repeats, upkeep_seconds, soak_seconds))
 
 
