@@ -24,11 +24,13 @@ Default mode costs nothing per beat: :meth:`ScriptClock.stamp` returns the comma
 
 from __future__ import annotations
 
+import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
+from .clients import AsyncClient, SyncClient
 from .errors import error_code, is_unknown_command
 from .scripts import SCRIPTS, Script
 
@@ -54,6 +56,7 @@ _BY_SHA: dict[str, Script] = {
     s.sha: s.argument for s in (getattr(SCRIPTS, n) for n in SCRIPTS.__slots__) if s.argument
 }
 _CLOCKS: weakref.WeakKeyDictionary[Any, ScriptClock] = weakref.WeakKeyDictionary()
+_CREATE = threading.Lock()
 
 
 def refuses_time(exc: BaseException) -> bool:
@@ -77,6 +80,12 @@ class ScriptClock:
             the local wall clock.
         monotonic: the local monotonic clock (a seam for tests).
         wall: the local wall clock (a seam for tests).
+
+    Attributes:
+        mode: the mode asked for.
+        time_command: the command sampled for the server's time, or None.
+        arguments: True while scripts get the time as an argument (``"argument"`` mode, or
+            ``"auto"`` after a refusal).
     """
 
     def __init__(
@@ -205,18 +214,25 @@ def clock_of(redis: Any) -> ScriptClock:
     """The :class:`ScriptClock` of the client ``redis`` (an ``"auto"`` one on first use)."""
     clock = _CLOCKS.get(redis)
     if clock is None:
-        clock = _CLOCKS[redis] = ScriptClock()
+        with _CREATE:  # threads (the sync shell) may meet a new client at once: one clock
+            clock = _CLOCKS.get(redis)
+            if clock is None:
+                clock = _CLOCKS[redis] = ScriptClock()
     return clock
 
 
 def set_clock(redis: Any, clock: ScriptClock) -> ScriptClock:
     """Give the client ``redis`` its clock (replacing any)."""
-    _CLOCKS[redis] = clock
+    with _CREATE:
+        _CLOCKS[redis] = clock
     return clock
 
 
 def script_time(
-    client: Any, *, mode: ClockMode = "auto", time_command: str | None = "TIME"
+    client: AsyncClient | SyncClient,
+    *,
+    mode: ClockMode = "auto",
+    time_command: str | None = "TIME",
 ) -> ScriptClock:
     """Choose where the time of jobpulse's scripts comes from, for every use of ``client``.
 
