@@ -99,6 +99,17 @@ async def _later(client: aioredis.Redis, ns: str, job: str, seq: int) -> bool:
     return int((await _snapshot(client, ns, job)).get("seq", 0)) >= seq
 
 
+async def test_a_script_flush_mid_job_reloads_the_argument_variant(
+    aclient: aioredis.Redis, ns: str
+) -> None:
+    async with heartbeat(aclient, "f-1", interval=0.05, ttl=1.0, namespace=ns):
+        seq = int((await _snapshot(aclient, ns, "f-1"))["seq"])
+        await aclient.script_flush()
+        await eventually(lambda: _later(aclient, ns, "f-1", seq + 3), within=5.0)
+    assert clock_of(aclient).arguments
+    assert (await _snapshot(aclient, ns, "f-1"))["status"] == "COMPLETED"
+
+
 async def test_remote_cancel_reaches_a_job_in_argument_time(
     aclient: aioredis.Redis, ns: str
 ) -> None:
@@ -124,6 +135,7 @@ async def test_sweeper_claims_a_dead_workers_job_once_in_argument_time(
     assert reply.code is calls.AcquireCode.STARTED
     assert clock_of(aclient).arguments  # detected on the first call
     await eventually(lambda: _gone(aclient, schema.job("d-1").lease), within=5.0)
+    await aclient.script_flush()  # the sweeper reloads the argument variants it sends
     sweeper = Sweeper(aclient, namespace=ns)
     stale = await eventually(sweeper.sweep, within=5.0)
     assert [job.job_id for job in stale] == ["d-1"]

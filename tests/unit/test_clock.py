@@ -7,6 +7,7 @@ from redis.exceptions import NoScriptError, ResponseError
 
 from jobpulse._protocol.clock import DRIFT, RESAMPLE, ScriptClock, refuses_time
 from jobpulse._protocol.scripts import SCRIPTS
+from jobpulse._worker.plan import settle_beats
 
 REFUSED = ResponseError("Unknown Redis command called from script script: 1f0e, on @user_script:9.")
 
@@ -102,3 +103,32 @@ def test_bad_options_are_named(mode: str) -> None:
         ScriptClock(mode=mode)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="time_command"):
         ScriptClock(time_command="")
+
+
+class _Job:
+    """The part of a ticker's job ``settle_beats`` calls when ``index`` is empty."""
+
+    class machine:  # stands in for a BeatMachine (the attributes settle_beats reads)
+        index_shard = "ns:{#index:0}"
+        job_id = "j"
+
+    def __init__(self) -> None:
+        self.failed: list[tuple[bool, bool]] = []
+
+    def beat_failed(
+        self, sent_at: float, exc: BaseException, *, quiet: bool, at_once: bool
+    ) -> None:
+        self.failed.append((quiet, at_once))
+
+
+@pytest.mark.parametrize(("mode", "again"), [("auto", True), ("server", False)])
+def test_a_beat_refused_time_is_sent_again_at_once_in_argument_time(mode: str, again: bool) -> None:
+    clock = ScriptClock(mode=mode)  # type: ignore[arg-type]
+    job = _Job()
+    settled = settle_beats([job], [REFUSED], {}, 1.0, clock)  # type: ignore[list-item]
+    assert job.failed == [(again, again)]
+    assert clock.arguments is again
+    assert settled.load == []
+    # a NOSCRIPT in argument time loads the variant the clock sends
+    settled = settle_beats([_Job()], [NoScriptError("x")], {}, 1.0, clock)  # type: ignore[list-item]
+    assert settled.load == [clock.script(SCRIPTS.beat)]
