@@ -11,6 +11,7 @@ from collections.abc import AsyncIterator, Iterator
 import pytest
 import redis
 import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 import jobpulse
@@ -184,3 +185,28 @@ async def test_default_time_sends_the_beat_command_unchanged(
     assert not clock.arguments
     assert clock.stamp(command) is command
     assert (await _snapshot(redis, ns, "p-1"))["status"] == JobState.COMPLETED.name
+
+
+async def test_forced_argument_time_runs_a_job_and_a_claim_on_a_single_server_and_a_cluster(
+    client: aioredis.Redis | RedisCluster, ns: str
+) -> None:
+    clock = script_time(client, mode="argument")
+    async with heartbeat(client, "g-1", interval=0.05, ttl=1.0, namespace=ns) as hb:
+        hb.progress.set(2)
+        await hb.checkpoint(step=1)
+    bound = clock.bound
+    assert bound is not None  # sampled from TIME outside the scripts
+    assert bound < 0.5
+    raw = await client.hgetall(KeySchema(ns).state("g-1"))
+    assert raw[b"status"] == b"COMPLETED"
+    seconds, micros = await client.execute_command("TIME")
+    server_ms = int(seconds) * 1000 + int(micros) // 1000
+    assert server_ms - 10_000 <= int(raw[b"finished_ms"]) <= server_ms + 1
+    schema = KeySchema(ns)
+    deadline = await calls.run(client, calls.enroll(schema.index_for("g-2"), "g-2", 200))
+    args = ["tok", 200, 100, "w", "", "", "", "", deadline]
+    reply = await calls.run(client, calls.acquire(schema.job("g-2").all(), args))
+    assert reply.code is calls.AcquireCode.STARTED
+    sweeper = Sweeper(client, namespace=ns)
+    stale = await eventually(sweeper.sweep, within=5.0)
+    assert [job.job_id for job in stale] == ["g-2"]
