@@ -4,6 +4,8 @@ The public API is exactly what this module re-exports; every other module is pri
 """
 
 from . import sync as sync
+from ._protocol.clock import ScriptClock as ScriptClock
+from ._protocol.clock import script_time as script_time
 from ._reader.backoff import Backoff as Backoff
 from ._reader.cache import CacheStatistics as CacheStatistics
 from ._reader.event import Event as Event
@@ -52,6 +54,7 @@ __all__ = (
     "ProgressCell",
     "ProtocolError",
     "ReaderStatistics",
+    "ScriptClock",
     "StaleJob",
     "StateNotWritten",
     "StatusReader",
@@ -60,5 +63,6 @@ __all__ = (
     "current",
     "heartbeat",
     "request_cancel",
+    "script_time",
     "sync",
 )

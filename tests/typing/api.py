@@ -53,3 +53,8 @@ async def sweep_and_ack(client: aioredis.Redis) -> list[tuple[str, int]]:
         acknowledged: bool = await sweeper.ack(job)
         assert acknowledged
     return handled
+
+
+def on_a_server_without_time_in_scripts(client: aioredis.Redis) -> float | None:
+    clock: jobpulse.ScriptClock = jobpulse.script_time(client, mode="auto", time_command="MYTIME")
+    return clock.bound

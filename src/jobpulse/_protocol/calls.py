@@ -4,9 +4,11 @@ A :class:`Call` is sans-I/O: it holds the script, its keys and encoded arguments
 of its reply. The two drivers, :func:`run` (asyncio) and :func:`run_sync` (threads), are the only
 code that sends one; they are the few-line twins this layer allows, and the NOSCRIPT reload
 (after a restart or SCRIPT FLUSH) is written once, in :meth:`Call.reload` and
-:func:`scripts_to_load`. Pipelined callers (the tickers, the sweeper) put :meth:`Call.command`
-in their pipeline, decode each reply with :meth:`Call.decode`, and load what
-:func:`scripts_to_load` names before sending again.
+:func:`scripts_to_load`. The client's :class:`~jobpulse._protocol.clock.ScriptClock` decides
+where a timed script's time comes from: the drivers stamp every call with it, and pipelined
+callers (the tickers, the sweeper) put :meth:`Call.command`, passed through
+``clock_of(client).stamp``, in their pipeline, decode each reply with :meth:`Call.decode`, and
+load (the clock's variant of) what :func:`scripts_to_load` names before sending again.
 
 The codes and reply shapes are those of the contract headers in ``lua/*.lua``.
 """
@@ -18,6 +20,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
+from .clock import clock_of
 from .errors import is_noscript
 from .scripts import SCRIPTS, Script
 
@@ -158,25 +161,35 @@ class _Sync(Protocol):
 
 
 async def run(redis: _Async, call: Call[R]) -> R:
-    """Send ``call`` on an asyncio client; after a NOSCRIPT load the script and send again."""
-    try:
-        return call.decode(await redis.execute_command(*call.command()))
-    except Exception as exc:
-        if not is_noscript(exc):
-            raise
-    await redis.script_load(call.script.text)
-    return call.decode(await redis.execute_command(*call.command()))
+    """Send ``call`` on an asyncio client, timed as the client's :class:`ScriptClock` says;
+    after a NOSCRIPT load the script and send again, after a refused ``TIME`` (auto mode)
+    switch the client to argument time and send again (the refused call wrote nothing)."""
+    clock = clock_of(redis)
+    for _ in range(3):
+        await clock.sample(redis)
+        try:
+            return call.decode(await redis.execute_command(*clock.stamp(call.command())))
+        except Exception as exc:
+            if is_noscript(exc):
+                await redis.script_load(clock.script(call.script).text)
+            elif not clock.refused(exc):
+                raise
+    return call.decode(await redis.execute_command(*clock.stamp(call.command())))
 
 
 def run_sync(redis: _Sync, call: Call[R]) -> R:
-    """Send ``call`` on a blocking client; after a NOSCRIPT load the script and send again."""
-    try:
-        return call.decode(redis.execute_command(*call.command()))
-    except Exception as exc:
-        if not is_noscript(exc):
-            raise
-    redis.script_load(call.script.text)
-    return call.decode(redis.execute_command(*call.command()))
+    """Send ``call`` on a blocking client: :func:`run`'s twin."""
+    clock = clock_of(redis)
+    for _ in range(3):
+        clock.sample_sync(redis)
+        try:
+            return call.decode(redis.execute_command(*clock.stamp(call.command())))
+        except Exception as exc:
+            if is_noscript(exc):
+                redis.script_load(clock.script(call.script).text)
+            elif not clock.refused(exc):
+                raise
+    return call.decode(redis.execute_command(*clock.stamp(call.command())))
 
 
 def scripts_to_load(results: Iterable[object], scripts: Sequence[Script]) -> list[Script]:

@@ -1,8 +1,14 @@
 """The Lua scripts, loaded once from ``lua/*.lua``, sent through the typed calls of ``calls.py``.
 
-A script whose first line is ``--! include: NAME`` is assembled at import time with
-``lua/NAME.lua`` prepended (Redis has no Lua include). The assembled text is what is loaded
-into Redis, what ``SCRIPT LOAD`` receives after a NOSCRIPT, and what the tests exercise.
+A script whose first line is ``--! include: NAME ...`` is assembled at import time with
+``lua/NAME.lua`` (each one named, in order) prepended (Redis has no Lua include). The assembled
+text is what is loaded into Redis, what ``SCRIPT LOAD`` receives after a NOSCRIPT, and what the
+tests exercise.
+
+A script that reads the time includes ``_clock`` (the server's ``TIME``, read once, first). It
+is assembled twice: its default text, and its *argument variant* (:attr:`Script.argument`) with
+``_clock_arg`` in place of ``_clock``, whose time is the call's last argument, for servers that
+refuse ``TIME`` in scripts (see ``clock.py``).
 """
 
 from __future__ import annotations
@@ -24,16 +30,34 @@ class Script:
     name: str
     text: str
     sha: str
+    argument: Script | None = None  # the variant taking the time as its last argument
+
+    @property
+    def timed(self) -> bool:
+        """True when the script reads the time (so it has an argument variant)."""
+        return self.argument is not None
 
 
-def _load(name: str) -> Script:
+def _assemble(name: str, clock: str) -> str:
     folder = resources.files(__package__).joinpath("lua")
     text = folder.joinpath(f"{name}.lua").read_text(encoding="utf-8")
     first, _, _ = text.partition("\n")
     if first.startswith(_INCLUDE):
-        lib = first.removeprefix(_INCLUDE).strip()
-        text = folder.joinpath(f"{lib}.lua").read_text(encoding="utf-8") + "\n" + text
-    return Script(name, text, hashlib.sha1(text.encode()).hexdigest())
+        libs = [clock if n == "_clock" else n for n in first.removeprefix(_INCLUDE).split()]
+        parts = [folder.joinpath(f"{lib}.lua").read_text(encoding="utf-8") for lib in libs]
+        text = "\n".join([*parts, text])
+    return text
+
+
+def _script(name: str, text: str, argument: Script | None = None) -> Script:
+    return Script(name, text, hashlib.sha1(text.encode()).hexdigest(), argument)
+
+
+def _load(name: str) -> Script:
+    text = _assemble(name, "_clock")
+    variant = _assemble(name, "_clock_arg")
+    argument = _script(f"{name}@argument", variant) if variant != text else None
+    return _script(name, text, argument)
 
 
 @dataclass(frozen=True, slots=True)

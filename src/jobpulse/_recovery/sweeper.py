@@ -45,6 +45,7 @@ from redis.exceptions import ConnectionError
 from .._checks import check_number
 from .._protocol import calls
 from .._protocol.calls import ClaimCode
+from .._protocol.clock import ScriptClock, clock_of
 from .._protocol.codec import load_json
 from .._protocol.deadline import cancellable
 from .._protocol.errors import is_noscript, is_redis_fault, is_wrongtype, tolerate_faults
@@ -398,10 +399,11 @@ class Sweeper:
         replies = await self._pipeline(ops)
         redo = [i for i, reply in enumerate(replies) if is_noscript(reply)]
         if redo:
+            clock = clock_of(self._redis)
             for script in calls.scripts_to_load(replies, _SWEEP_SCRIPTS):
                 self._round_trips += 1
                 self._commands += 1
-                await cancellable(self._redis.script_load(script.text))
+                await cancellable(self._redis.script_load(clock.script(script).text))
             again = await self._pipeline([ops[i] for i in redo])
             for i, reply in zip(redo, again, strict=True):
                 replies[i] = reply
@@ -410,9 +412,12 @@ class Sweeper:
     async def _pipeline(self, ops: list[Callable[[Any], object]]) -> list[Any]:
         if not ops:
             return []
+        clock = clock_of(self._redis)
+        await cancellable(clock.sample(self._redis))  # argument time only, when due
         pipe = self._redis.pipeline(transaction=False)
+        stamping = _Stamping(pipe, clock)
         for op in ops:
-            op(pipe)
+            op(stamping)
         self._round_trips += 1
         self._commands += len(ops)
         return list(await cancellable(pipe.execute(raise_on_error=False)))
@@ -603,6 +608,20 @@ def _zrange_byscore(shard: str, now_ms: int, batch: int) -> Callable[[Any], obje
 
 def _command(call: calls.Call[Any]) -> Callable[[Any], object]:
     return lambda pipe: pipe.execute_command(*call.command())
+
+
+class _Stamping:
+    """A pipeline whose script calls carry the client's script time (``ScriptClock.stamp``)."""
+
+    def __init__(self, pipe: Any, clock: ScriptClock) -> None:
+        self._pipe = pipe
+        self._clock = clock
+
+    def execute_command(self, *args: Any) -> object:
+        return self._pipe.execute_command(*self._clock.stamp(args))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._pipe, name)
 
 
 def _zadd_later(shard: str, members: dict[str, int]) -> Callable[[Any], object]:

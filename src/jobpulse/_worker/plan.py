@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from .._protocol.calls import BeatReply, decode_beat
+from .._protocol.clock import ScriptClock, refuses_time
 from .._protocol.errors import is_noscript
 from .._protocol.scripts import SCRIPTS, Script
 from ..errors import LeaseLostCause
@@ -135,9 +136,12 @@ def settle_beats(
     results: Sequence[Any],
     index: dict[str, dict[str, int]],
     sent_at: float,
+    clock: ScriptClock,
 ) -> Settled:
     """Hand each job its beat's reply (or error) from a pipeline of ``len(jobs)`` beats
-    followed by one ZADD per ``index`` key. Both tickers call it; it does no I/O."""
+    followed by one ZADD per ``index`` key. Both tickers call it; it does no I/O. A beat
+    refused ``TIME`` (in ``clock``'s auto mode) switches ``clock`` to argument time and is
+    sent again at once, as after a NOSCRIPT (the refused script wrote nothing)."""
     settled = Settled([], None, None)
     refreshed: set[str] = set()
     for key, result in zip(index, results[len(jobs) :], strict=True):
@@ -152,9 +156,10 @@ def settle_beats(
     for job, result in zip(jobs, results, strict=False):
         if isinstance(result, Exception):
             missing = is_noscript(result)
-            job.beat_failed(sent_at, result, quiet=missing, at_once=missing)
+            again = missing or clock.refused(result) or (refuses_time(result) and clock.arguments)
+            job.beat_failed(sent_at, result, quiet=again, at_once=again)
             if missing:
-                settled.load = [SCRIPTS.beat]
+                settled.load = [clock.script(SCRIPTS.beat)]
         else:
             reply = decode_beat(result)
             job.beat_replied(sent_at, reply)

@@ -25,6 +25,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from .._protocol.clock import clock_of
 from .._protocol.errors import is_redis_fault, tolerate_faults
 from .._protocol.ratelimit import RateLimitedLog
 from .plan import CHUNK, Beating, BeatPlan, settle_beats
@@ -159,10 +160,12 @@ class ThreadTicker:
         jobs = [job for job, _ in beats]
         with self.lock:
             index = self._plan.index_refresh(jobs, self._server_now())
+        clock = clock_of(self._redis)
         try:
+            clock.sample_sync(self._redis)  # argument time only, when due: else nothing
             pipe = self._redis.pipeline(transaction=False)
             for _job, command in beats:
-                pipe.execute_command(*command)
+                pipe.execute_command(*clock.stamp(command))
             for key, members in index.items():
                 pipe.zadd(key, members, gt=True)  # a deadline never moves back
             results = pipe.execute(raise_on_error=False)
@@ -177,7 +180,7 @@ class ThreadTicker:
             self._warn.warning("beats of %d job(s) failed, retrying: %r", len(jobs), exc)
             return
         with self.lock:
-            settled = settle_beats(jobs, results, index, sent_at)
+            settled = settle_beats(jobs, results, index, sent_at, clock)
             if settled.server_ms is not None:
                 self._server_delta = settled.server_ms / 1000 - sent_at
         if settled.index_failure is not None:  # the next refresh will retry

@@ -23,6 +23,7 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from .._protocol.clock import clock_of
 from .._protocol.deadline import cancellable
 from .._protocol.errors import is_redis_fault, tolerate_faults
 from .._protocol.ratelimit import RateLimitedLog
@@ -170,11 +171,13 @@ class Ticker:
         jobs = [job for job, _ in beats]
         budget = max(0.05, min(job.machine.lease.left(sent_at) for job in jobs))
         index = self._plan.index_refresh(jobs, self._server_now())
+        clock = clock_of(self._redis)
         try:
             async with asyncio.timeout(budget), self._sends:
+                await clock.sample(self._redis)  # argument time only, when due: else nothing
                 pipe = self._redis.pipeline(transaction=False)
                 for _job, command in beats:
-                    pipe.execute_command(*command)
+                    pipe.execute_command(*clock.stamp(command))
                 for key, members in index.items():
                     pipe.zadd(key, members, gt=True)  # a deadline never moves back
                 results = await cancellable(pipe.execute(raise_on_error=False))
@@ -187,7 +190,7 @@ class Ticker:
                 job.beat_failed(sent_at, exc, quiet=True, at_once=False)
             self._warn.warning("beats of %d job(s) failed, retrying: %r", len(jobs), exc)
             return
-        settled = settle_beats(jobs, results, index, sent_at)
+        settled = settle_beats(jobs, results, index, sent_at, clock)
         if settled.index_failure is not None:  # the next refresh will retry
             self._warn.warning("running-index refresh failed: %r", settled.index_failure)
         if settled.server_ms is not None:

@@ -1,6 +1,6 @@
 --[[ _lib.lua — helpers prepended (at load time, by scripts.py) to the scripts that declare
   "--! include: _lib". Redis has no Lua include, so the assembled text is what runs and what
-  the tests exercise.
+  the tests exercise. Scripts that read the time include _clock first (now_ms, now_us).
 
   Every per-job script takes the same five keys:
     KEYS[1] state hash    KEYS[2] events stream    KEYS[3] lease string
@@ -9,11 +9,6 @@
 
 -- The dynamic snapshot fields, in the positional order the worker sends them.
 local DYNAMIC = {'done', 'total', 'stage', 'rate', 'eta_s', 'rss_bytes', 'cpu_s', 'loop_lag_ms'}
-
-local function now_ms()
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-end
 
 --[[ Is (token, fence) still the owner of the job? Renews the lease when it is.
   Returns  1  lease held by us, renewed
@@ -66,8 +61,7 @@ local function next_fence(snapshot_fence)
   local snap = tonumber(snapshot_fence)
   local fence = math.max(stored or 0, snap or 0) + 1
   if not stored and not snap then
-    local t = redis.call('TIME')
-    fence = math.max(fence, tonumber(t[1]) * 1000000 + tonumber(t[2]))
+    fence = math.max(fence, now_us())
   end
   redis.call('SET', KEYS[5], fence)
   return fence

@@ -1,4 +1,4 @@
---! include: _lib
+--! include: _clock _lib
 --[[ acquire.lua — take a job's lease and start an attempt.
 
   KEYS[1..5] state, events, lease, alive, fence (see _lib.lua)

@@ -1,4 +1,4 @@
---! include: _lib
+--! include: _clock _lib
 --[[ beat.lua — one heartbeat: renew, snapshot, liveness and (sometimes) a checkpoint entry.
 
   KEYS[1..5] state, events, lease, alive, fence (see _lib.lua)
@@ -25,8 +25,7 @@ if code < 0 then return {code, 0, 0, 0} end
 
 redis.call('SET', KEYS[4], fence, 'PX', ttl)
 local h = redis.call('HMGET', KEYS[1], 'seq', 'cancel', 'done')
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 local current = tonumber(h[1]) or 0
 local cancel = 0
 if h[2] == '1' then cancel = 1 end

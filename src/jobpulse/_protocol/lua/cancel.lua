@@ -1,4 +1,4 @@
---! include: _lib
+--! include: _clock _lib
 --[[ cancel.lua — ask the worker of a running job to stop.
 
   KEYS[1..5] state, events, lease, alive, fence (see _lib.lua)

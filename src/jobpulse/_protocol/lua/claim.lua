@@ -1,4 +1,4 @@
---! include: _lib
+--! include: _clock _lib
 --[[ claim.lua — a sweeper claims a stale job, atomically, exactly once; delivered until acked.
 
   KEYS[1..5] state, events, lease, alive, fence (see _lib.lua)

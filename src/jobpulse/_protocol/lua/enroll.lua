@@ -1,3 +1,4 @@
+--! include: _clock
 --[[ enroll.lua — write a job's running-index entry before its acquire (an intent record).
 
   KEYS[1] the job's running-index shard (a sorted set; see KeySchema.index_for)
@@ -11,8 +12,7 @@
 
   Returns the deadline now held (server ms): acquire.lua refuses to start after it.
 ]]
-local t = redis.call('TIME')
-local deadline = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000) + tonumber(ARGV[2])
+local deadline = now_ms() + tonumber(ARGV[2])
 local current = tonumber(redis.call('ZSCORE', KEYS[1], ARGV[1]))
 if current and current + 1 > deadline then deadline = current + 1 end
 redis.call('ZADD', KEYS[1], deadline, ARGV[1])

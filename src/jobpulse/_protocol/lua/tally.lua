@@ -1,3 +1,4 @@
+--! include: _clock
 --[[ tally.lua — a sweeper's mark: when it last swept, and how many jobs it claimed per kind.
 
   KEYS[1] ns:{#stats}         a Hash: sweep_ms, claims:<kind>
@@ -10,8 +11,7 @@
 
   Returns the server time in ms.
 ]]
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now = now_ms()
 redis.call('HSET', KEYS[1], 'sweep_ms', now)
 for i = 1, #ARGV, 2 do
   if redis.call('ZADD', KEYS[2], 'NX', now, ARGV[i + 1]) == 1 then
