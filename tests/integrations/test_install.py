@@ -58,3 +58,17 @@ def test_bad_options_fail_at_install_before_any_redis_command() -> None:
     broker = RedisStreamBroker("redis://127.0.0.1:1/0")  # never connected
     with pytest.raises(ValueError, match="namespace"):
         jp_taskiq.instrument(broker, namespace="a b")
+
+
+def test_celery_checks_options_at_install_and_connects_once() -> None:
+    from celery import Celery, signals
+
+    from jobpulse.integrations import celery as jp_celery
+
+    app = Celery("install_test", broker="redis://127.0.0.1:1/0")  # never connected
+    with pytest.raises(ValueError, match="ttl"):
+        jp_celery.instrument(app, interval=2.0, ttl=3.0)
+    before = len(signals.task_prerun.receivers)
+    assert jp_celery.instrument(app, ttl=3.0) is app
+    assert jp_celery.instrument(app) is app
+    assert len(signals.task_prerun.receivers) == before + 1
