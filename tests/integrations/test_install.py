@@ -72,3 +72,14 @@ def test_celery_checks_options_at_install_and_connects_once() -> None:
     assert jp_celery.instrument(app, ttl=3.0) is app
     assert jp_celery.instrument(app) is app
     assert len(signals.task_prerun.receivers) == before + 1
+
+
+def test_rq_worker_class_checks_options_and_subclasses_the_base() -> None:
+    from rq.worker import SimpleWorker, Worker
+
+    from jobpulse.integrations import rq as jp_rq
+
+    with pytest.raises(ValueError, match="ttl"):
+        jp_rq.worker_class(interval=2.0, ttl=3.0)
+    assert issubclass(jp_rq.worker_class(), Worker)
+    assert issubclass(jp_rq.worker_class(SimpleWorker, ttl=3.0), SimpleWorker)
