@@ -83,3 +83,20 @@ def test_rq_worker_class_checks_options_and_subclasses_the_base() -> None:
         jp_rq.worker_class(interval=2.0, ttl=3.0)
     assert issubclass(jp_rq.worker_class(), Worker)
     assert issubclass(jp_rq.worker_class(SimpleWorker, ttl=3.0), SimpleWorker)
+
+
+def test_dramatiq_checks_options_and_adds_one_middleware() -> None:
+    from dramatiq.brokers.stub import StubBroker
+
+    from jobpulse.integrations import dramatiq as jp_dramatiq
+
+    broker = StubBroker()
+    with pytest.raises(ValueError, match="ttl"):
+        jp_dramatiq.instrument(broker, interval=2.0, ttl=3.0)
+    with pytest.raises(ValueError, match="redis="):
+        jp_dramatiq.instrument(broker)  # a stub broker has no Redis client
+    first = jp_dramatiq.instrument(broker, redis=object())
+    assert jp_dramatiq.instrument(broker, redis=object()) is first
+    assert [m for m in broker.middleware if isinstance(m, jp_dramatiq.JobpulseMiddleware)] == [
+        first
+    ]
