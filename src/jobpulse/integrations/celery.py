@@ -53,7 +53,9 @@ class _Instrumented:
     def __init__(self, app: Celery, options: PulseOptions) -> None:
         self.app = app
         self.options = options
-        self.running: dict[str, contextlib.ExitStack] = {}
+        # keyed by (task id, thread): prerun and postrun of a task run in one thread, and a
+        # duplicate delivery of the same id in another thread must not end this one's heartbeat
+        self.running: dict[tuple[str, int], contextlib.ExitStack] = {}
         self.lock = threading.Lock()
         self._clients: dict[int, tuple[Any, Any]] = {}  # pid -> (jobpulse client, broker client)
 
@@ -100,14 +102,14 @@ class _Instrumented:
             pulse_sync(self.options, ours, task_id, task.name, self.refresher(broker, task))
         )
         with self.lock:
-            self.running[task_id] = stack
+            self.running[task_id, threading.get_ident()] = stack
 
     def postrun(self, task_id: str, state: str | None = None, retval: Any = None, **_: Any) -> None:
         with self.lock:
-            stack = self.running.pop(task_id, None)
+            stack = self.running.pop((task_id, threading.get_ident()), None)
         if stack is None:
             return
-        if state == "FAILURE" and isinstance(retval, BaseException):
+        if state in ("FAILURE", "RETRY") and isinstance(retval, BaseException):
             if not stack.__exit__(type(retval), retval, retval.__traceback__):
                 return  # the heartbeat re-raised the task's own exception: recorded FAILED
         else:

@@ -50,7 +50,8 @@ class JobpulseMiddleware(Middleware):
 
     def __init__(self, options: PulseOptions) -> None:
         self.options = options
-        self._running: dict[str, contextlib.ExitStack] = {}
+        # keyed by (message id, thread): a message's before and after hooks run in one thread
+        self._running: dict[tuple[str, int], contextlib.ExitStack] = {}
         self._lock = threading.Lock()
 
     def before_process_message(self, broker: Broker, message: Any) -> None:
@@ -63,7 +64,7 @@ class JobpulseMiddleware(Middleware):
             pulse_sync(self.options, client, message.message_id, message.actor_name, None)
         )
         with self._lock:
-            self._running[message.message_id] = stack
+            self._running[message.message_id, threading.get_ident()] = stack
 
     def after_process_message(
         self,
@@ -75,7 +76,7 @@ class JobpulseMiddleware(Middleware):
     ) -> None:
         """Leave the heartbeat: COMPLETED, FAILED or CANCELLED as the actor ended."""
         with self._lock:
-            stack = self._running.pop(message.message_id, None)
+            stack = self._running.pop((message.message_id, threading.get_ident()), None)
         if stack is None:
             return
         if exception is None:
@@ -91,7 +92,7 @@ class JobpulseMiddleware(Middleware):
     def after_skip_message(self, broker: Broker, message: Any) -> None:
         """A skipped message ends its heartbeat COMPLETED (Dramatiq did not run it to fail)."""
         with self._lock:
-            stack = self._running.pop(message.message_id, None)
+            stack = self._running.pop((message.message_id, threading.get_ident()), None)
         if stack is not None:
             stack.__exit__(None, None, None)
 
