@@ -258,28 +258,38 @@ async def run_in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) ->
 
 @contextlib.contextmanager
 def keep_claim_sync(
-    refresh: Callable[[], object],
+    refresh: Callable[[], object] | None,
     period: float,
     *,
     job_id: str,
     holds: Callable[[], bool] = lambda: True,
+    watch: Callable[[], object] | None = None,
 ) -> Iterator[None]:
     """Call ``refresh()`` at once and every ``period`` seconds, from a thread, while the block runs.
 
     The sync twin of :func:`keep_claim` (same schedule, same rate-limited warning): the thread
     is told to stop and joined at exit. ``holds()`` is asked before each refresh; once it says
     False (the heartbeat's lease is lost) the thread stops refreshing for good, so an orphaned
-    body never keeps the queue's claim of a job another attempt owns.
+    body never keeps the queue's claim of a job another attempt owns. ``watch()``, when given,
+    is called on the same schedule whether or not the lease is held (RQ: a work horse whose
+    main process died ends itself).
     """
     stop = threading.Event()
 
     def loop() -> None:
         warn = RateLimitedLog(log, time.monotonic)
+        holding = refresh is not None
         for delay in refresh_delays(period):
-            if stop.wait(delay) or not holds():
+            if stop.wait(delay):
+                return
+            holding = holding and holds()
+            if not holding and watch is None:
                 return
             try:
-                refresh()
+                if watch is not None:
+                    watch()
+                if holding and refresh is not None:
+                    refresh()
             except Exception as exc:  # a fault here must never stop the task: the lease decides
                 warn.warning("job %s: could not refresh the queue's claim: %r", job_id, exc)
 
@@ -299,11 +309,14 @@ def pulse_sync(
     queue_job_id: str | bytes,
     task_name: str,
     refresh: Callable[[], object] | None,
+    *,
+    watch: Callable[[], object] | None = None,
 ) -> Iterator[SyncHeartbeat]:
     """Run the block under ``jobpulse.sync.heartbeat()`` for a queue's job, keeping the queue's
     claim fresh: the sync twin of :func:`pulse`, with the same arguments (``redis`` is a blocking
     ``redis.Redis``; ``refresh`` None: the queue has no claim to keep). The claim is refreshed
-    only while the heartbeat holds its lease: an orphaned body never keeps it."""
+    only while the heartbeat holds its lease: an orphaned body never keeps it. ``watch`` is
+    passed to :func:`keep_claim_sync`."""
     job_id = job_id_for(queue_job_id)
     client = options.redis if options.redis is not None else redis
     deadline = time.monotonic() + options.claim_ttl
@@ -330,10 +343,12 @@ def pulse_sync(
         return lease.lost is None and lease.deadline > time.monotonic()
 
     try:
-        if refresh is None:
+        if refresh is None and watch is None:
             yield hb
         else:
-            with keep_claim_sync(refresh, options.interval, job_id=job_id, holds=holds):
+            with keep_claim_sync(
+                refresh, options.interval, job_id=job_id, holds=holds, watch=watch
+            ):
                 yield hb
     except BaseException as exc:
         hb.__exit__(type(exc), exc, exc.__traceback__)

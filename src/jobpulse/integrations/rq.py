@@ -84,15 +84,18 @@ def worker_class(
             parent = os.getppid() if getattr(self, "_is_horse", False) else None
             connection = self.connection
 
-            def refresh() -> None:
+            def orphaned() -> None:
                 if parent is not None and os.getppid() != parent:
                     os._exit(1)  # the main process died: this orphan must write nothing more
+
+            def refresh() -> None:
                 with connection.pipeline() as pipe:
                     execution.heartbeat(job.started_job_registry, claim, pipeline=pipe)
                     pipe.execute()
 
             def run() -> Any:
-                with pulse_sync(options, connection, job.id, job.func_name or "", refresh):
+                name = job.func_name or ""
+                with pulse_sync(options, connection, job.id, name, refresh, watch=orphaned):
                     return perform()
 
             job.perform = run  # type: ignore[method-assign]
