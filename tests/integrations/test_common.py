@@ -6,11 +6,12 @@ import asyncio
 import contextlib
 import itertools
 import re
+import threading
 
 import pytest
 
 from jobpulse.integrations import PulseOptions, job_id_for, kind_for
-from jobpulse.integrations._common import keep_claim, refresh_delays
+from jobpulse.integrations._common import keep_claim, keep_claim_sync, refresh_delays
 from tests.support import eventually
 
 VALID = re.compile(r"[A-Za-z0-9._\-:/]{1,200}")
@@ -85,3 +86,30 @@ async def test_the_keeper_stops_even_when_a_refresh_swallows_its_cancellation() 
     async with asyncio.timeout(5):  # the block's exit must not hang
         async with keep_claim(refresh, 0.02, job_id="j"):
             await started.wait()
+
+
+def test_the_sync_keeper_refreshes_while_held_and_watches_to_the_end() -> None:
+    refreshed, watched = threading.Semaphore(0), threading.Semaphore(0)
+    held = threading.Event()
+    held.set()
+    calls: list[str] = []
+
+    def refresh() -> None:
+        calls.append("refresh")
+        refreshed.release()
+        if len(calls) == 1:
+            raise ConnectionError("a fault is logged, the next refresh goes on")
+
+    def watch() -> None:
+        watched.release()
+
+    with keep_claim_sync(refresh, 0.01, job_id="j", holds=held.is_set, watch=watch):
+        for _ in range(3):
+            assert refreshed.acquire(timeout=5)  # at once, then on through the fault
+        held.clear()  # the lease is lost: no refresh any more, the watch goes on
+        for _ in range(3):
+            assert watched.acquire(timeout=5)
+        count = calls.count("refresh")
+        for _ in range(3):
+            assert watched.acquire(timeout=5)
+        assert calls.count("refresh") == count

@@ -58,3 +58,45 @@ def test_bad_options_fail_at_install_before_any_redis_command() -> None:
     broker = RedisStreamBroker("redis://127.0.0.1:1/0")  # never connected
     with pytest.raises(ValueError, match="namespace"):
         jp_taskiq.instrument(broker, namespace="a b")
+
+
+def test_celery_checks_options_at_install_and_connects_once() -> None:
+    from celery import Celery, signals
+
+    from jobpulse.integrations import celery as jp_celery
+
+    app = Celery("install_test", broker="redis://127.0.0.1:1/0")  # never connected
+    with pytest.raises(ValueError, match="ttl"):
+        jp_celery.instrument(app, interval=2.0, ttl=3.0)
+    before = len(signals.task_prerun.receivers)
+    assert jp_celery.instrument(app, ttl=3.0) is app
+    assert jp_celery.instrument(app) is app
+    assert len(signals.task_prerun.receivers) == before + 1
+
+
+def test_rq_worker_class_checks_options_and_subclasses_the_base() -> None:
+    from rq.worker import SimpleWorker, Worker
+
+    from jobpulse.integrations import rq as jp_rq
+
+    with pytest.raises(ValueError, match="ttl"):
+        jp_rq.worker_class(interval=2.0, ttl=3.0)
+    assert issubclass(jp_rq.worker_class(), Worker)
+    assert issubclass(jp_rq.worker_class(SimpleWorker, ttl=3.0), SimpleWorker)
+
+
+def test_dramatiq_checks_options_and_adds_one_middleware() -> None:
+    from dramatiq.brokers.stub import StubBroker
+
+    from jobpulse.integrations import dramatiq as jp_dramatiq
+
+    broker = StubBroker()
+    with pytest.raises(ValueError, match="ttl"):
+        jp_dramatiq.instrument(broker, interval=2.0, ttl=3.0)
+    with pytest.raises(ValueError, match="redis="):
+        jp_dramatiq.instrument(broker)  # a stub broker has no Redis client
+    first = jp_dramatiq.instrument(broker, redis=object())
+    assert jp_dramatiq.instrument(broker, redis=object()) is first
+    assert [m for m in broker.middleware if isinstance(m, jp_dramatiq.JobpulseMiddleware)] == [
+        first
+    ]

@@ -20,8 +20,10 @@ Invariants:
     raises — ``JobCancelled``, ``LeaseLost`` — is added; each integration says what its queue
     records for those).
 
-The pure parts (mapping, options, :func:`refresh_delays`) are shared with the thread-based
-integrations of the synchronous queues; only :func:`keep_claim` and :func:`pulse` are asyncio.
+The pure parts (mapping, options, :func:`refresh_delays`) are shared by both kinds of queue:
+:func:`keep_claim` and :func:`pulse` are the asyncio ones, :func:`keep_claim_sync` and
+:func:`pulse_sync` (a refresher thread beside a ``jobpulse.sync`` heartbeat) serve the
+synchronous queues (Celery, RQ, Dramatiq) under the same invariants.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ import functools
 import hashlib
 import logging
 import re
+import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -42,6 +45,8 @@ from .._protocol.keys import check_namespace
 from .._protocol.ratelimit import RateLimitedLog
 from .._worker.config import MAX_KIND_CHARS, HeartbeatConfig
 from .._worker.heartbeat import JobHeartbeat, heartbeat
+from .._worker.sync_heartbeat import SyncHeartbeat
+from .._worker.sync_heartbeat import heartbeat as sync_heartbeat
 from ..errors import JobBusy
 
 __all__ = [
@@ -49,8 +54,10 @@ __all__ = [
     "PulseOptions",
     "job_id_for",
     "keep_claim",
+    "keep_claim_sync",
     "kind_for",
     "pulse",
+    "pulse_sync",
     "refresh_delays",
     "run_in_thread",
 ]
@@ -247,3 +254,104 @@ async def run_in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) ->
     except asyncio.CancelledError:
         await asyncio.wait({future})
         raise
+
+
+@contextlib.contextmanager
+def keep_claim_sync(
+    refresh: Callable[[], object] | None,
+    period: float,
+    *,
+    job_id: str,
+    holds: Callable[[], bool] = lambda: True,
+    watch: Callable[[], object] | None = None,
+) -> Iterator[None]:
+    """Call ``refresh()`` at once and every ``period`` seconds, from a thread, while the block runs.
+
+    The sync twin of :func:`keep_claim` (same schedule, same rate-limited warning): the thread
+    is told to stop and joined at exit. ``holds()`` is asked before each refresh; once it says
+    False (the heartbeat's lease is lost) the thread stops refreshing for good, so an orphaned
+    body never keeps the queue's claim of a job another attempt owns. ``watch()``, when given,
+    is called on the same schedule whether or not the lease is held (RQ: a work horse whose
+    main process died ends itself).
+    """
+    stop = threading.Event()
+
+    def loop() -> None:
+        warn = RateLimitedLog(log, time.monotonic)
+        holding = refresh is not None
+        for delay in refresh_delays(period):
+            if stop.wait(delay):
+                return
+            holding = holding and holds()
+            if not holding and watch is None:
+                return
+            try:
+                if watch is not None:
+                    watch()
+                if holding and refresh is not None:
+                    refresh()
+            except Exception as exc:  # a fault here must never stop the task: the lease decides
+                warn.warning("job %s: could not refresh the queue's claim: %r", job_id, exc)
+
+    thread = threading.Thread(target=loop, name=f"jobpulse-claim:{job_id}", daemon=True)
+    thread.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        thread.join()
+
+
+@contextlib.contextmanager
+def pulse_sync(
+    options: PulseOptions,
+    redis: Any,
+    queue_job_id: str | bytes,
+    task_name: str,
+    refresh: Callable[[], object] | None,
+    *,
+    watch: Callable[[], object] | None = None,
+) -> Iterator[SyncHeartbeat]:
+    """Run the block under ``jobpulse.sync.heartbeat()`` for a queue's job, keeping the queue's
+    claim fresh: the sync twin of :func:`pulse`, with the same arguments (``redis`` is a blocking
+    ``redis.Redis``; ``refresh`` None: the queue has no claim to keep). The claim is refreshed
+    only while the heartbeat holds its lease: an orphaned body never keeps it. ``watch`` is
+    passed to :func:`keep_claim_sync`."""
+    job_id = job_id_for(queue_job_id)
+    client = options.redis if options.redis is not None else redis
+    deadline = time.monotonic() + options.claim_ttl
+    while True:
+        hb = sync_heartbeat(
+            client,
+            job_id,
+            interval=options.interval,
+            ttl=options.ttl,
+            namespace=options.namespace,
+            kind=kind_for(task_name),
+        )
+        try:
+            hb.__enter__()
+        except JobBusy:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(min(options.interval, 0.25))
+            continue
+        break
+
+    def holds() -> bool:  # the lease is neither lost nor past its deadline
+        lease = hb._m.lease
+        return lease.lost is None and lease.deadline > time.monotonic()
+
+    try:
+        if refresh is None and watch is None:
+            yield hb
+        else:
+            with keep_claim_sync(
+                refresh, options.interval, job_id=job_id, holds=holds, watch=watch
+            ):
+                yield hb
+    except BaseException as exc:
+        hb.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    else:
+        hb.__exit__(None, None, None)

@@ -1,0 +1,162 @@
+"""Celery integration: every task runs under a ``jobpulse.sync`` heartbeat.
+
+Install it on the app (``pip install "jobpulse[celery]"``)::
+
+    from jobpulse.integrations.celery import instrument
+
+    app = Celery("reports", broker="redis://localhost:6379/0")
+    instrument(app)
+
+Each task then runs inside ``jobpulse.sync.heartbeat(redis, job_id_for(task.request.id),
+kind=task.name)`` (``jobpulse.current()`` is that heartbeat, in the task's thread), entered by a
+``task_prerun`` and left by a ``task_postrun`` signal handler, in whatever process or thread runs
+the task (prefork child, solo, threads).
+
+Redelivery: with the Redis transport and ``task_acks_late=True``, kombu keeps each delivery in
+the ``unacked_index`` sorted set, scored by delivery time, and restores every entry older than
+``visibility_timeout``, even while its task runs. While the heartbeat holds its lease, the task's
+entry is re-scored every ``interval`` to ``now - visibility_timeout + ttl + interval``: a live task
+is never restored, and a dead worker's task becomes restorable ``ttl + interval`` seconds after its
+last refresh (then restored by the next scan, every ``unacked_restore_interval`` *
+``unacked_restore_throttle`` seconds), whatever ``visibility_timeout`` is. Without ``acks_late``
+the message is acked before the task runs and nothing is redelivered.
+
+Cancel: ``jobpulse.request_cancel()`` reaches the task through ``current().check()``, which
+raises ``JobCancelled``; Celery records the task FAILURE with that exception (acked, not
+retried unless the task's own ``autoretry_for`` says so) and jobpulse records CANCELLED.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+import redis as redis_sync
+from celery import Celery, signals  # type: ignore[import-untyped]
+
+from ._common import PulseOptions, pulse_sync
+
+__all__ = ["instrument"]
+
+log = logging.getLogger("jobpulse.integrations")
+
+_SOCKET_TIMEOUT = 2.0  # a blocking command of jobpulse or of the refresh is bounded by this
+
+
+class _Instrumented:
+    """The handlers :func:`instrument` connects for one app, and the tasks running now."""
+
+    def __init__(self, app: Celery, options: PulseOptions) -> None:
+        self.app = app
+        self.options = options
+        # keyed by (task id, thread): prerun and postrun of a task run in one thread, and a
+        # duplicate delivery of the same id in another thread must not end this one's heartbeat
+        self.running: dict[tuple[str, int], contextlib.ExitStack] = {}
+        self.lock = threading.Lock()
+        self._clients: dict[int, tuple[Any, Any]] = {}  # pid -> (jobpulse client, broker client)
+
+    def clients(self) -> tuple[Any, Any]:
+        """This process's clients (a prefork child gets its own: never a connection across fork)."""
+        pid = os.getpid()
+        with self.lock:
+            if pid not in self._clients:
+                url = str(self.app.conf.broker_url or "")
+                broker = None
+                if url.startswith(("redis://", "rediss://", "unix://")):
+                    broker = redis_sync.Redis.from_url(url, socket_timeout=_SOCKET_TIMEOUT)
+                ours = self.options.redis if self.options.redis is not None else broker
+                if ours is None:
+                    raise ValueError(
+                        "jobpulse.integrations.celery: the broker is not Redis; pass redis="
+                    )
+                self._clients[pid] = (ours, broker)
+            return self._clients[pid]
+
+    def refresher(self, broker: Any, task: Any) -> Any:
+        """The re-score of this delivery's ``unacked_index`` entry, or None (not Redis)."""
+        if broker is None:
+            return None
+        tag = (getattr(task.request, "properties", None) or {}).get("delivery_tag")
+        if tag is None:
+            return None
+        topts = dict(self.app.conf.broker_transport_options or {})
+        key = str(topts.get("global_keyprefix", "")) + str(
+            topts.get("unacked_index_key", "unacked_index")
+        )
+        behind = max(0.0, float(topts.get("visibility_timeout", 3600)) - self.options.claim_ttl)
+
+        def refresh() -> None:
+            # XX: never re-creates an entry kombu removed (acked, or restored already)
+            broker.zadd(key, {tag: time.time() - behind}, xx=True)
+
+        return refresh
+
+    def prerun(self, task_id: str, task: Any, **_: Any) -> None:
+        ours, broker = self.clients()
+        stack = contextlib.ExitStack()
+        stack.enter_context(
+            pulse_sync(self.options, ours, task_id, task.name, self.refresher(broker, task))
+        )
+        with self.lock:
+            self.running[task_id, threading.get_ident()] = stack
+
+    def postrun(self, task_id: str, state: str | None = None, retval: Any = None, **_: Any) -> None:
+        with self.lock:
+            stack = self.running.pop((task_id, threading.get_ident()), None)
+        if stack is None:
+            return
+        if state in ("FAILURE", "RETRY") and isinstance(retval, BaseException):
+            if not stack.__exit__(type(retval), retval, retval.__traceback__):
+                return  # the heartbeat re-raised the task's own exception: recorded FAILED
+        else:
+            stack.__exit__(None, None, None)
+
+
+def instrument(
+    app: Celery,
+    *,
+    interval: float = 1.0,
+    ttl: float = 6.0,
+    namespace: str = "jobpulse",
+    redis: Any = None,
+) -> Celery:
+    """Instrument a Celery app: every task it runs goes under a ``jobpulse.sync`` heartbeat.
+
+    Call it once where the app is defined (the worker imports that module). Idempotent per app.
+
+    Args:
+        app: the Celery app.
+        interval: seconds between beats and between refreshes of the delivery's
+            ``unacked_index`` entry.
+        ttl: the heartbeat's lease time (a dead worker's task is STALE after at most ``ttl``).
+        namespace: jobpulse's key prefix.
+        redis: the ``redis.Redis`` client jobpulse writes to; None uses one from the broker URL
+            (the broker must then be Redis).
+
+    Returns:
+        The app.
+
+    Raises:
+        ValueError, TypeError: an option is out of range (checked here, before any Redis command).
+    """
+    options = PulseOptions(interval=interval, ttl=ttl, namespace=namespace, redis=redis)
+    if getattr(app, "_jobpulse", None) is not None:
+        return app
+    hooks = _Instrumented(app, options)
+    app._jobpulse = hooks
+
+    def prerun(sender: Any = None, task_id: str = "", task: Any = None, **kw: Any) -> None:
+        if task is not None and task.app is app:
+            hooks.prerun(task_id, task)
+
+    def postrun(sender: Any = None, task_id: str = "", task: Any = None, **kw: Any) -> None:
+        if task is not None and task.app is app:
+            hooks.postrun(task_id, kw.get("state"), kw.get("retval"))
+
+    signals.task_prerun.connect(prerun, weak=False)
+    signals.task_postrun.connect(postrun, weak=False)
+    return app

@@ -1,0 +1,136 @@
+"""Dramatiq integration: every message runs under a ``jobpulse.sync`` heartbeat.
+
+Install it on the broker (``pip install "jobpulse[dramatiq]"``)::
+
+    from dramatiq.brokers.redis import RedisBroker
+    from jobpulse.integrations.dramatiq import instrument
+
+    broker = RedisBroker(url="redis://localhost:6379/0")
+    instrument(broker)
+    dramatiq.set_broker(broker)
+
+``instrument`` adds a :class:`JobpulseMiddleware` (last, so its ``after_process_message`` runs
+before the Retries middleware's). Each message then runs inside
+``jobpulse.sync.heartbeat(redis, job_id_for(message.message_id), kind=message.actor_name)`` in
+the worker thread that runs the actor (``jobpulse.current()`` is that heartbeat there).
+
+Redelivery: the Redis broker keeps one heartbeat per worker process (``__heartbeats__``, written
+by every fetch of its consumer threads, which keep polling while actors run and during a graceful
+shutdown) and requeues the unacked messages of a process silent for ``heartbeat_timeout`` (60 s)
+at a maintenance run. A live process's messages are therefore never requeued, so there is no
+claim for jobpulse to refresh; a SIGKILLed worker's messages are requeued once, by Dramatiq,
+``heartbeat_timeout`` after it died, and the next attempt takes the job over (``resume_from``).
+
+Cancel: ``jobpulse.request_cancel()`` reaches the actor through ``current().check()``, which
+raises ``JobCancelled``; the message is failed without a retry (``JobCancelled`` is added to its
+``throws``), so Dramatiq dead-letters it and the Results middleware stores the exception, and
+jobpulse records CANCELLED.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any
+
+from dramatiq import Broker, Middleware
+
+from ..errors import JobCancelled
+from ._common import PulseOptions, pulse_sync
+
+__all__ = ["JobpulseMiddleware", "instrument"]
+
+
+class JobpulseMiddleware(Middleware):
+    """Runs every message under a ``jobpulse.sync`` heartbeat (see :func:`instrument`).
+
+    Args:
+        options: the heartbeat options.
+    """
+
+    def __init__(self, options: PulseOptions) -> None:
+        self.options = options
+        # keyed by (message id, thread): a message's before and after hooks run in one thread
+        self._running: dict[tuple[str, int], contextlib.ExitStack] = {}
+        self._lock = threading.Lock()
+
+    def before_process_message(self, broker: Broker, message: Any) -> None:
+        """Enter the message's heartbeat in the worker thread that runs it."""
+        client: Any = self.options.redis
+        if client is None:
+            client = getattr(broker, "client", None)  # the RedisBroker's redis.Redis
+        stack = contextlib.ExitStack()
+        stack.enter_context(
+            pulse_sync(self.options, client, message.message_id, message.actor_name, None)
+        )
+        with self._lock:
+            self._running[message.message_id, threading.get_ident()] = stack
+
+    def after_process_message(
+        self,
+        broker: Broker,
+        message: Any,
+        *,
+        result: Any = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        """Leave the heartbeat: COMPLETED, FAILED or CANCELLED as the actor ended."""
+        with self._lock:
+            stack = self._running.pop((message.message_id, threading.get_ident()), None)
+        if stack is None:
+            return
+        if exception is None:
+            stack.__exit__(None, None, None)
+            return
+        if isinstance(exception, JobCancelled):
+            # cancelled on request: no retry (the Retries middleware honours ``throws``)
+            throws = message.options.get("throws") or ()
+            throws = throws if isinstance(throws, tuple) else (throws,)
+            message.options["throws"] = (JobCancelled, *throws)
+        stack.__exit__(type(exception), exception, exception.__traceback__)
+
+    def after_skip_message(self, broker: Broker, message: Any) -> None:
+        """A skipped message ends its heartbeat COMPLETED (Dramatiq did not run it to fail)."""
+        with self._lock:
+            stack = self._running.pop((message.message_id, threading.get_ident()), None)
+        if stack is not None:
+            stack.__exit__(None, None, None)
+
+
+def instrument(
+    broker: Broker,
+    *,
+    interval: float = 1.0,
+    ttl: float = 6.0,
+    namespace: str = "jobpulse",
+    redis: Any = None,
+) -> JobpulseMiddleware:
+    """Instrument a Dramatiq broker: every message it runs goes under a heartbeat.
+
+    Call it where the broker is made, before workers start. Idempotent per broker.
+
+    Args:
+        broker: the Dramatiq broker (a ``RedisBroker``, or any broker with ``redis=`` given).
+        interval: seconds between beats.
+        ttl: the heartbeat's lease time (a dead worker's message is STALE after at most ``ttl``).
+        namespace: jobpulse's key prefix.
+        redis: the ``redis.Redis`` client jobpulse writes to; None uses the Redis broker's client.
+
+    Returns:
+        The middleware added to the broker.
+
+    Raises:
+        ValueError, TypeError: an option is out of range, or the broker is not a Redis broker
+            and ``redis`` is None (checked here, before any Redis command).
+    """
+    options = PulseOptions(interval=interval, ttl=ttl, namespace=namespace, redis=redis)
+    for existing in broker.middleware:
+        if isinstance(existing, JobpulseMiddleware):
+            return existing
+    if redis is None and getattr(broker, "client", None) is None:
+        raise ValueError(
+            "jobpulse.integrations.dramatiq: the broker has no Redis client; pass redis="
+        )
+    middleware = JobpulseMiddleware(options)
+    broker.add_middleware(middleware)
+    return middleware

@@ -1,0 +1,104 @@
+"""RQ integration: every job runs under a ``jobpulse.sync`` heartbeat in its work horse.
+
+Install it as the worker class (``pip install "jobpulse[rq]"``)::
+
+    # myapp/worker.py
+    from jobpulse.integrations.rq import worker_class
+
+    JobpulseWorker = worker_class(ttl=6.0)
+
+    # shell: rq worker -w myapp.worker.JobpulseWorker --maintenance-interval 10 reports
+
+Each job then runs inside ``jobpulse.sync.heartbeat(connection, job_id_for(job.id),
+kind=job.func_name)``, entered in the process that runs the job (the forked work horse;
+``jobpulse.current()`` is that heartbeat there) around ``job.perform()``, so the heartbeat ends
+before RQ records the result.
+
+Claim: RQ takes a job as abandoned once its StartedJobRegistry entry expires (the worker's main
+process refreshes it every ``job_monitoring_interval``, with a TTL of that plus 60 s); the next
+maintenance run (every ``maintenance_interval``, 10 min by default) of any worker then retries
+it (``retries_left``) or fails it with ``AbandonedJobError``. With this worker class the entry's
+TTL is ``ceil(ttl + interval) + 1`` seconds and the heartbeat refreshes it every ``interval`` from
+the work horse while it holds the lease, so a dead job is abandoned seconds after its horse died.
+
+Owner death: the work horse holds the heartbeat, and it belongs to the worker's main process.
+When the main process dies (SIGKILL), the horse notices within ``interval`` (its parent changed)
+and ends itself at once with ``os._exit``: nothing of the job is written by it (no FINISHED over a
+re-run), jobpulse shows the job STALE within ``ttl``, and RQ's maintenance retries it once.
+
+Cancel: ``jobpulse.request_cancel()`` reaches the job through ``current().check()``, which raises
+``JobCancelled``; RQ records the job FAILED with that exception (and retries it only if it has
+``retries_left``) and jobpulse records CANCELLED.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+from rq.job import Job
+from rq.worker import Worker
+
+from ._common import PulseOptions, pulse_sync
+
+__all__ = ["worker_class"]
+
+
+def worker_class(
+    base: type[Worker] = Worker,
+    *,
+    interval: float = 1.0,
+    ttl: float = 6.0,
+    namespace: str = "jobpulse",
+    redis: Any = None,
+) -> type[Worker]:
+    """An RQ worker class (a subclass of ``base``) that runs every job under a heartbeat.
+
+    Args:
+        base: the RQ worker class to extend (``Worker``, ``SimpleWorker``, ...).
+        interval: seconds between beats and between refreshes of the job's StartedJobRegistry
+            entry.
+        ttl: the heartbeat's lease time; the registry entry is kept at ``ceil(ttl + interval) + 1``
+            seconds.
+        namespace: jobpulse's key prefix.
+        redis: the ``redis.Redis`` client jobpulse writes to; None uses the worker's connection.
+
+    Returns:
+        The worker class, to pass as ``rq worker -w`` or to instantiate.
+
+    Raises:
+        ValueError, TypeError: an option is out of range (checked here, before any Redis command).
+    """
+    options = PulseOptions(interval=interval, ttl=ttl, namespace=namespace, redis=redis)
+    claim = math.ceil(options.claim_ttl) + 1
+
+    class JobpulseWorker(base):  # type: ignore[valid-type,misc]
+        """An RQ worker whose jobs run under a jobpulse heartbeat (see jobpulse.integrations.rq)."""
+
+        def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
+            return claim
+
+        def perform_job(self, job: Job, queue: Any, execution: Any) -> bool:
+            perform = job.perform
+            parent = os.getppid() if getattr(self, "_is_horse", False) else None
+            connection = self.connection
+
+            def orphaned() -> None:
+                if parent is not None and os.getppid() != parent:
+                    os._exit(1)  # the main process died: this orphan must write nothing more
+
+            def refresh() -> None:
+                with connection.pipeline() as pipe:
+                    execution.heartbeat(job.started_job_registry, claim, pipeline=pipe)
+                    pipe.execute()
+
+            def run() -> Any:
+                name = job.func_name or ""
+                with pulse_sync(options, connection, job.id, name, refresh, watch=orphaned):
+                    return perform()
+
+            job.perform = run  # type: ignore[method-assign]
+            return bool(super().perform_job(job, queue, execution))
+
+    return JobpulseWorker

@@ -1,0 +1,152 @@
+"""Celery with ``jobpulse.integrations.celery``: real Celery worker processes, the real Redis."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+import redis.asyncio as aioredis
+from celery import Celery
+from celery.result import AsyncResult
+
+from jobpulse import JobCancelled, JobState, StatusReader, request_cancel
+from tests.support import eventually
+
+pytestmark = pytest.mark.usefixtures("queue_keys")
+
+TTL = 1.0  # what celery_worker.py gives the heartbeat (interval 0.25 s)
+WORKER = "tests.integrations.celery_worker"
+Spawn = Callable[..., subprocess.Popen[str]]
+
+
+@pytest.fixture
+def app(redis_url: str, ns: str) -> Iterator[Celery]:
+    """A client app with the worker's broker settings (its keys prefixed by ``ns:``)."""
+    client = Celery("jobpulse_test_client", broker=redis_url, backend=redis_url)
+    client.conf.update(
+        task_default_queue=f"{ns}:q",
+        broker_transport_options={"global_keyprefix": f"{ns}:"},
+        result_backend_transport_options={"global_keyprefix": f"{ns}:"},
+    )
+    yield client
+    client.close()
+
+
+@pytest.fixture
+def reader(redis: aioredis.Redis, ns: str) -> StatusReader:
+    return StatusReader(redis, namespace=ns, cache_ttl=0)
+
+
+def _send(app: Celery, name: str, task_id: str, *args: Any) -> AsyncResult[Any]:
+    return app.send_task(name, args=args, task_id=task_id)
+
+
+async def _result(res: AsyncResult[Any], timeout: float) -> Any:
+    return await asyncio.to_thread(res.get, timeout=timeout, propagate=False)
+
+
+async def _final(reader: StatusReader, task_id: str) -> Any:
+    """The job's status once it is final (Celery stores its result just before ``task_postrun``,
+    where the heartbeat ends), else None."""
+    status = await reader.get(task_id)
+    return status if status.state.is_terminal else None
+
+
+async def _runs(redis: aioredis.Redis, ns: str, task_id: str) -> int:
+    return int(await redis.get(f"{ns}:runs:{task_id}") or 0)
+
+
+async def test_progress_is_live_then_completed_and_celery_keeps_its_result(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery, reader: StatusReader
+) -> None:
+    task_id = f"{ns}-1"
+    spawn(WORKER, redis_url, ns, "jobpulse")
+    res = _send(app, "progress", task_id, 40)
+
+    async def advancing() -> Any:
+        s = await reader.get(task_id)
+        return s if s.state is JobState.RUNNING and s.done > 0 else None
+
+    live = await eventually(advancing, within=10)
+    assert (live.kind, live.stage, live.total) == ("progress", "crunch", 40)
+
+    assert await _result(res, 15) == {"items": 40, "job": task_id}
+    assert res.state == "SUCCESS"
+    done = await eventually(lambda: _final(reader, task_id), within=5)  # task_postrun writes it
+    assert (done.state, done.done, done.attempt) == (JobState.COMPLETED, 40, 1)
+    assert await _runs(redis, ns, task_id) == 1
+
+
+@pytest.mark.parametrize("mode", ["jobpulse", "plain"])
+async def test_a_live_task_past_visibility_timeout_runs_once_with_jobpulse_only(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery, mode: str
+) -> None:
+    # visibility_timeout=3, restore scan every 1 s; the task runs 8 s
+    task_id = f"{ns}-1"
+    spawn(WORKER, redis_url, ns, mode)
+    res = _send(app, "sleeper", task_id, 8)
+    assert await _result(res, 20) == "slept"
+    if mode == "jobpulse":
+        assert await _runs(redis, ns, task_id) == 1
+    else:
+        assert await _runs(redis, ns, task_id) > 1  # restored at +3 s beside the first run
+
+
+async def test_a_killed_workers_task_is_stale_within_ttl_then_resumed_once(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery, reader: StatusReader
+) -> None:
+    task_id = f"{ns}-1"
+    first = spawn(WORKER, redis_url, ns, "jobpulse")
+    res = _send(app, "resumable", task_id)
+    await eventually(lambda: redis.exists(f"{ns}:checkpointed:{task_id}"), within=10)
+
+    os.kill(first.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    first.wait()
+
+    async def stale() -> bool:
+        return (await reader.get(task_id)).state is JobState.STALE
+
+    await eventually(stale, within=TTL + 0.5)
+    assert time.monotonic() - killed_at <= TTL + 0.5
+
+    spawn(WORKER, redis_url, ns, "jobpulse")  # its restore scan hands the task back
+    assert await _result(res, 15) == {"resumed_from": {"step": 5}, "attempt": 2}
+    assert await _runs(redis, ns, task_id) == 2
+    final = await eventually(lambda: _final(reader, task_id), within=5)
+    assert (final.state, final.attempt) == (JobState.COMPLETED, 2)
+
+
+async def test_request_cancel_fails_the_task_in_celery_with_job_cancelled(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery, reader: StatusReader
+) -> None:
+    task_id = f"{ns}-1"
+    spawn(WORKER, redis_url, ns, "jobpulse")
+    res = _send(app, "sleeper", task_id, 30)
+
+    async def running() -> bool:
+        return (await reader.get(task_id)).state is JobState.RUNNING
+
+    await eventually(running, within=10)
+    assert await request_cancel(redis, task_id, namespace=ns)
+
+    outcome = await _result(res, 10)
+    assert res.state == "FAILURE"
+    assert isinstance(outcome, JobCancelled)
+    assert (await eventually(lambda: _final(reader, task_id), within=5)).state is JobState.CANCELLED
+    assert await _runs(redis, ns, task_id) == 1
+
+
+async def test_without_the_integration_tasks_run_and_current_is_none(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery, reader: StatusReader
+) -> None:
+    task_id = f"{ns}-1"
+    spawn(WORKER, redis_url, ns, "plain")
+    assert await _result(_send(app, "probe", task_id), 10) == "none"
+    assert (await reader.get(task_id)).state is JobState.UNKNOWN

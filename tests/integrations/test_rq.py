@@ -1,0 +1,206 @@
+"""RQ with ``jobpulse.integrations.rq``: real RQ worker processes (forked work horses), the real
+Redis."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis as redis_sync
+import redis.asyncio as aioredis
+from rq import Queue, Retry
+from rq.job import Job, JobStatus
+
+from jobpulse import JobCancelled, JobState, StatusReader, request_cancel
+from tests.support import eventually
+
+pytestmark = pytest.mark.usefixtures("queue_keys")
+
+TTL = 1.0  # what rq_worker.py gives the heartbeat (interval 0.25 s)
+WORKER = "tests.integrations.rq_worker"
+TASKS = "tests.integrations.rq_worker"
+Spawn = Callable[..., subprocess.Popen[str]]
+
+
+@pytest.fixture
+def queue(redis_url: str, ns: str) -> Iterator[Queue]:
+    connection = redis_sync.Redis.from_url(redis_url)
+    yield Queue(f"{ns}-q", connection=connection)
+    with_keys = [k for k in connection.scan_iter(match=f"rq:*{ns}*", count=1000)]
+    if with_keys:
+        connection.delete(*with_keys)
+    connection.close()
+
+
+@pytest.fixture
+def reader(redis: aioredis.Redis, ns: str) -> StatusReader:
+    return StatusReader(redis, namespace=ns, cache_ttl=0)
+
+
+def _enqueue(queue: Queue, job_id: str, fn: str, *args: Any, retry: bool = False) -> Job:
+    return queue.enqueue(
+        f"{TASKS}.{fn}", *args, job_id=job_id, retry=Retry(max=1) if retry else None
+    )
+
+
+async def _count(redis: aioredis.Redis, ns: str, what: str, job_id: str) -> int:
+    return int(await redis.get(f"{ns}:{what}:{job_id}") or 0)
+
+
+async def _final(reader: StatusReader, job_id: str) -> Any:
+    status = await reader.get(job_id)
+    return status if status.state.is_terminal else None
+
+
+def _status(job: Job) -> Callable[[], Any]:
+    async def check() -> Any:
+        return job.get_status(refresh=True) in (JobStatus.FINISHED, JobStatus.FAILED)
+
+    return check
+
+
+def _gone(pid: int) -> bool:
+    """The process is gone or a zombie (its new parent may never reap it here)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state == "Z"
+
+
+async def test_progress_is_live_then_completed_and_rq_keeps_its_result(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, queue: Queue, reader: StatusReader
+) -> None:
+    job_id = f"{ns}-1"
+    spawn(WORKER, redis_url, ns, "jobpulse")
+    job = _enqueue(queue, job_id, "progress", ns, 40)
+
+    async def advancing() -> Any:
+        s = await reader.get(job_id)
+        return s if s.state is JobState.RUNNING and s.done > 0 else None
+
+    live = await eventually(advancing, within=10)
+    assert (live.kind, live.stage, live.total) == (f"{TASKS}.progress", "crunch", 40)
+
+    await eventually(_status(job), within=15)
+    assert job.get_status() is JobStatus.FINISHED
+    assert job.return_value() == {"items": 40}
+    done = await reader.get(job_id)  # the heartbeat ended before RQ recorded the result
+    assert (done.state, done.done, done.attempt) == (JobState.COMPLETED, 40, 1)
+    assert await _count(redis, ns, "runs", job_id) == 1
+
+
+@pytest.mark.parametrize("mode", ["jobpulse", "plain"])
+async def test_a_live_job_past_the_registry_ttl_runs_once_with_jobpulse_only(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, queue: Queue, mode: str
+) -> None:
+    # the StartedJobRegistry TTL is 3 s, maintenance every 1 s, a second worker idles; 6 s job
+    job_id = f"{ns}-1"
+    spawn(WORKER, redis_url, ns, mode)
+    spawn(WORKER, redis_url, ns, mode)
+    job = _enqueue(queue, job_id, "sleeper", ns, 6, retry=True)
+    if mode == "jobpulse":
+        await eventually(_status(job), within=15)
+        assert job.get_status() is JobStatus.FINISHED
+        assert await _count(redis, ns, "runs", job_id) == 1
+    else:
+
+        async def run_again() -> bool:
+            return await _count(redis, ns, "runs", job_id) > 1
+
+        await eventually(run_again, within=10)  # abandoned at +3 s and retried beside the first
+
+
+@pytest.mark.parametrize("mode", ["jobpulse", "plain"])
+async def test_killing_the_main_process_the_orphan_never_finishes_over_the_rerun(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, queue: Queue, mode: str
+) -> None:
+    job_id = f"{ns}-1"
+    first = spawn(WORKER, redis_url, ns, mode)
+    _enqueue(queue, job_id, "sleeper", ns, 5, retry=True)
+    horse = int(await eventually(lambda: redis.lindex(f"{ns}:pids:{job_id}", 0), within=10))
+    os.kill(first.pid, signal.SIGKILL)  # the main process only: the horse lives on
+    first.wait()
+    spawn(WORKER, redis_url, ns, mode)
+    if mode == "jobpulse":
+        killed_at = time.monotonic()
+
+        async def horse_gone() -> bool:
+            return _gone(horse)
+
+        await eventually(horse_gone, within=TTL)
+        assert time.monotonic() - killed_at <= TTL
+        await eventually(lambda: _count(redis, ns, "done", job_id), within=20)  # the re-run
+        assert await _count(redis, ns, "runs", job_id) == 2
+        assert await _count(redis, ns, "done", job_id) == 1
+    else:
+
+        async def both_done() -> bool:
+            return await _count(redis, ns, "done", job_id) == 2
+
+        await eventually(both_done, within=20)  # the orphan finished beside the re-run
+
+
+async def test_a_killed_workers_job_is_stale_within_ttl_then_resumed_once(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, queue: Queue, reader: StatusReader
+) -> None:
+    job_id = f"{ns}-1"
+    first = spawn(WORKER, redis_url, ns, "jobpulse")
+    job = _enqueue(queue, job_id, "resumable", ns, retry=True)
+    await eventually(lambda: redis.exists(f"{ns}:checkpointed:{job_id}"), within=10)
+
+    os.kill(first.pid, signal.SIGKILL)
+    killed_at = time.monotonic()
+    first.wait()
+
+    async def stale() -> bool:
+        return (await reader.get(job_id)).state is JobState.STALE
+
+    await eventually(stale, within=TTL + 0.5 + 0.25)  # the horse stops within one interval
+    assert time.monotonic() - killed_at <= TTL + 0.75
+
+    spawn(WORKER, redis_url, ns, "jobpulse")  # its maintenance retries the abandoned job
+    final = await eventually(lambda: _final(reader, job_id), within=15)
+    await eventually(_status(job), within=5)
+    assert job.return_value() == {"resumed_from": {"step": 5}, "attempt": 2}
+    assert await _count(redis, ns, "runs", job_id) == 2
+    assert (final.state, final.attempt) == (JobState.COMPLETED, 2)
+
+
+async def test_request_cancel_fails_the_job_in_rq_with_job_cancelled(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, queue: Queue, reader: StatusReader
+) -> None:
+    job_id = f"{ns}-1"
+    spawn(WORKER, redis_url, ns, "jobpulse")
+    job = _enqueue(queue, job_id, "sleeper", ns, 30)
+
+    async def running() -> bool:
+        return (await reader.get(job_id)).state is JobState.RUNNING
+
+    await eventually(running, within=10)
+    assert await request_cancel(redis, job_id, namespace=ns)
+
+    await eventually(_status(job), within=10)
+    assert job.get_status() is JobStatus.FAILED
+    result = job.latest_result()
+    assert result is not None
+    assert JobCancelled.__name__ in str(result.exc_string)
+    assert (await reader.get(job_id)).state is JobState.CANCELLED
+    assert await _count(redis, ns, "runs", job_id) == 1
+
+
+async def test_without_the_integration_jobs_run_and_current_is_none(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, queue: Queue, reader: StatusReader
+) -> None:
+    job_id = f"{ns}-1"
+    spawn(WORKER, redis_url, ns, "plain")
+    job = _enqueue(queue, job_id, "probe", ns)
+    await eventually(_status(job), within=10)
+    assert job.return_value() == "none"
+    assert (await reader.get(job_id)).state is JobState.UNKNOWN
