@@ -339,8 +339,7 @@ def pulse_sync(
         break
 
     def holds() -> bool:  # the lease is neither lost nor past its deadline
-        lease = hb._m.lease
-        return lease.lost is None and lease.deadline > time.monotonic()
+        return hb.lease_held
 
     try:
         if refresh is None and watch is None:
