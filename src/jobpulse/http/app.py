@@ -273,6 +273,13 @@ class _Service:
         self.longpoll = LongPollHub(
             reader.get, interval=config.wait_interval, max_waiters=config.max_waiters
         )
+        # Set when the server shuts down (``jobpulse serve`` on SIGTERM): event streams end and
+        # parked long polls answer at once, so the graceful shutdown never has to cancel them.
+        self.draining = asyncio.Event()
+
+    def drain(self) -> None:
+        """End every event stream and long poll now, and those that start from now on."""
+        self.draining.set()
 
     def __repr__(self) -> str:
         return f"<jobpulse http namespace={self.reader.namespace} {self.config}>"
@@ -366,9 +373,11 @@ class _Service:
         """
         parked = asyncio.ensure_future(self.longpoll.wait(job_id, status, seconds))
         gone = asyncio.ensure_future(until_disconnect(request.receive))
+        drained = asyncio.ensure_future(self.draining.wait())
         try:
-            await asyncio.wait((parked, gone), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((parked, gone, drained), return_when=asyncio.FIRST_COMPLETED)
         finally:
+            drained.cancel()
             gone.cancel()
             if gone.done() and not gone.cancelled():
                 gone.exception()  # retrieved: a receive() that failed means the client left
@@ -411,7 +420,10 @@ class _Service:
         snapshot = {"gap": True, **status.as_dict()} if gap else None
         frames = self._frames(job_id, last, snapshot)
         return EventStream(
-            frames, keepalive=self.config.keepalive, retry=int(self.config.retry * 1000)
+            frames,
+            keepalive=self.config.keepalive,
+            retry=int(self.config.retry * 1000),
+            until=self.draining,
         )
 
     async def _frames(

@@ -7,7 +7,7 @@ import contextlib
 import signal
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._protocol.keys import check_namespace
@@ -28,8 +28,9 @@ async def serve_async(
 ) -> None:
     """Serve the app until told to stop (SIGINT / SIGTERM); see :func:`serve`.
 
-    A signal starts uvicorn's graceful shutdown (open SSE streams get 2 s); the reader and the
-    Redis client are then closed and the function returns.
+    A signal starts uvicorn's graceful shutdown: open event streams end at once (clients
+    reconnect elsewhere with their ``Last-Event-ID``) and parked long polls answer 304; the
+    reader and the Redis client are then closed and the function returns.
 
     Args:
         redis_url: ``redis://`` URL of the server holding the jobs.
@@ -56,14 +57,15 @@ async def serve_async(
                 app, host=host, port=port, log_level=log_level, lifespan="off",
                 timeout_graceful_shutdown=2,
             )  # fmt: skip
-            server = _server_class(uvicorn.Server)(config)
+            server = _server_class(uvicorn.Server, app.state.jobpulse.drain)(config)
             await server.serve(sockets=None if sock is None else [sock])
     finally:
         await client.aclose()
 
 
-def _server_class(base: Any) -> Any:
-    """uvicorn's ``Server`` stopping on SIGINT / SIGTERM *without* re-raising the signal.
+def _server_class(base: Any, drain: Callable[[], None]) -> Any:
+    """uvicorn's ``Server`` stopping on SIGINT / SIGTERM *without* re-raising the signal, and
+    draining the app (``drain``) as it starts to shut down.
 
     uvicorn re-raises the signal once its graceful shutdown is over, which kills the process by
     the signal's default action before ``serve_async`` has closed its reader and Redis client.
@@ -72,6 +74,10 @@ def _server_class(base: Any) -> Any:
     """
 
     class Server(base):  # type: ignore[misc]
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            drain()  # streams and long polls end now: the graceful shutdown has nothing to cut
+            super().handle_exit(sig, frame)
+
         @contextlib.contextmanager
         def capture_signals(self) -> Iterator[None]:
             if threading.current_thread() is not threading.main_thread():

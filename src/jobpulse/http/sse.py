@@ -7,7 +7,9 @@ and one ``data:`` line per line of the payload, ended by a blank line; a line st
 :class:`EventStream` sends the frames of an async iterator and, while the iterator has nothing
 to give for ``keepalive`` seconds, a ``: keep-alive`` comment. It listens for the client's
 disconnect at the same time, so a client that goes away stops the iterator at once (its
-``finally`` blocks run, releasing whatever it holds) instead of at the next write.
+``finally`` blocks run, releasing whatever it holds) instead of at the next write. When the
+server drains (``until`` is set: ``jobpulse serve`` received SIGTERM), the stream ends cleanly;
+the client reconnects after ``retry`` with its ``Last-Event-ID`` and misses nothing.
 """
 
 from __future__ import annotations
@@ -71,6 +73,7 @@ class EventStream(Response):
         keepalive: seconds of silence after which a ``: keep-alive`` comment is sent.
         retry: the reconnection delay to suggest to the client, in ms (None: leave the client's).
         headers: extra response headers.
+        until: the stream ends (cleanly, as if the source had ended) once this event is set.
     """
 
     media_type = "text/event-stream; charset=utf-8"
@@ -82,6 +85,7 @@ class EventStream(Response):
         keepalive: float,
         retry: int | None = None,
         headers: Mapping[str, str] | None = None,
+        until: asyncio.Event | None = None,
     ) -> None:
         if not keepalive > 0:
             raise ValueError(f"keepalive must be > 0, got {keepalive!r}")
@@ -90,6 +94,7 @@ class EventStream(Response):
         self.keepalive = keepalive
         self.retry = retry
         self.extra_headers = dict(headers or {})
+        self.until = until
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         headers = {
@@ -102,7 +107,8 @@ class EventStream(Response):
         pump = asyncio.ensure_future(self._pump(state))
         listen = asyncio.ensure_future(self._listen(receive))
         keepalive = asyncio.ensure_future(self._keepalive(state))
-        tasks = (pump, listen, keepalive)
+        stop = asyncio.ensure_future(self._drained(state))
+        tasks = (pump, listen, keepalive, stop)
         try:
             await send(
                 {
@@ -111,7 +117,7 @@ class EventStream(Response):
                     "headers": [(k.encode(), v.encode()) for k, v in headers.items()],
                 }
             )
-            await asyncio.wait({pump, listen}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait({pump, listen, stop}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for task in tasks:
                 task.cancel()
@@ -127,6 +133,15 @@ class EventStream(Response):
         if aclose is not None:
             with contextlib.suppress(Exception):
                 await aclose()
+
+    async def _drained(self, out: _Writer) -> None:
+        """Return once the server drains, after ending the response (never: no ``until``)."""
+        if self.until is None:
+            await asyncio.Future()  # cancelled with the others
+            return
+        await self.until.wait()
+        with contextlib.suppress(OSError):
+            await out.end()
 
     async def _listen(self, receive: Receive) -> None:
         while True:
@@ -162,21 +177,28 @@ class EventStream(Response):
 
 
 class _Writer:
-    """Serialises the writes of the pump and the keep-alive on one response."""
+    """Serialises the writes of the pump, the keep-alive and the drain on one response; once
+    the response has ended, further writes are dropped (the drain may end it under the pump)."""
 
-    __slots__ = ("last", "lock", "loop", "send")
+    __slots__ = ("ended", "last", "lock", "loop", "send")
 
     def __init__(self, send: Send) -> None:
         self.send = send
         self.lock = asyncio.Lock()
         self.loop = asyncio.get_running_loop()
         self.last = self.loop.time()
+        self.ended = False
 
     async def write(self, body: bytes) -> None:
         async with self.lock:
+            if self.ended:
+                return
             await self.send({"type": "http.response.body", "body": body, "more_body": True})
             self.last = self.loop.time()
 
     async def end(self) -> None:
         async with self.lock:
+            if self.ended:
+                return
+            self.ended = True
             await self.send({"type": "http.response.body", "body": b"", "more_body": False})
