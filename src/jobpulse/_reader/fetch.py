@@ -298,8 +298,10 @@ class ReadRequest:
         raw = decode_values(job_id, self.names, values)
         alive = int(pttl)
         status = decode_snapshot(job_id, raw, alive, server_ms)
-        exists = status.state is not JobState.UNKNOWN
-        return Read(status, raw, self.want, version(job_id, raw), exists, server_ms, alive)
+        if status.state is JobState.UNKNOWN:  # not decoded: still refuse a corrupt order key
+            return Read(status, raw, self.want, version(job_id, raw), False, server_ms, alive)
+        order = (status.fence or 0, status.seq or 0)
+        return Read(status, raw, self.want, order, True, server_ms, alive)
 
 
 @lru_cache(maxsize=256)

@@ -30,6 +30,8 @@ __all__ = ["ReaderConfig", "ReaderStatistics", "StatusReader"]
 
 log = logging.getLogger("jobpulse")
 
+_ALL = frozenset(ALL_FIELDS)
+
 
 def _seconds(name: str, value: object, *, positive: bool = False) -> float:
     return float(check_number(name, value, minimum=0, strict=positive, what="a number of seconds"))
@@ -216,7 +218,7 @@ class StatusReader:
     async def _get(self, job_id: str, fields: Iterable[str] | None, *, fresh: bool) -> JobStatus:
         check_job_id(job_id)
         names = check_fields(fields)
-        want = frozenset(ALL_FIELDS if names is None else (*VERDICT_FIELDS, *names))
+        want = _ALL if names is None else frozenset((*VERDICT_FIELDS, *names))
         read, age = await self._cache.get(
             job_id, want, lambda f: self._fetch(job_id, f), fresh=fresh
         )

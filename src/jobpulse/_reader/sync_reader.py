@@ -34,6 +34,8 @@ __all__ = ["SyncStatusReader"]
 
 log = logging.getLogger("jobpulse")
 
+_ALL = frozenset(ALL_FIELDS)
+
 
 class SyncStatusReader:
     """Reads job status from sync code: ``jobpulse.sync.StatusReader(client)``.
@@ -109,7 +111,7 @@ class SyncStatusReader:
     def _get(self, job_id: str, fields: Iterable[str] | None, *, fresh: bool) -> JobStatus:
         check_job_id(job_id)
         names = check_fields(fields)
-        want = frozenset(ALL_FIELDS if names is None else (*VERDICT_FIELDS, *names))
+        want = _ALL if names is None else frozenset((*VERDICT_FIELDS, *names))
         with self._lock:
             cached = self._cache.hit(job_id, want, fresh=fresh)
         if cached is None:
