@@ -118,13 +118,14 @@ class _Watcher:
         self.overflowed = False
         self.failure: BaseException | None = None
 
-    def offer(self, item: _Item, key: _Key = None) -> bool:
-        """Queue ``item`` (its parsed id ``key``); False (and detached) when the queue is full."""
+    def offer(self, entry: tuple[_Item, _Key]) -> bool:
+        """Queue ``entry`` (an item and its parsed id; one tuple shared by every watcher of the
+        stream); False (and detached) when the queue is full."""
         if len(self.items) >= self.size:
             self.overflowed = True
             self.stream = None
             return False
-        self.items.append((item, key))
+        self.items.append(entry)
         self._wake()
         return True
 

@@ -324,8 +324,9 @@ class XReadLoop:
     def _offer(
         self, stream: _Stream, item: Event | BaseException, key: tuple[int, int] | None = None
     ) -> None:
+        entry = (item, key)  # one tuple for all the watchers
         for watcher in list(stream.watchers):
-            if not watcher.offer(item, key):
+            if not watcher.offer(entry):
                 stream.watchers.discard(watcher)
                 self.overflows += 1
         if not stream.watchers:
