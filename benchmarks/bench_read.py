@@ -36,6 +36,9 @@ async def _designs(url: str, stack: contextlib.AsyncExitStack) -> dict[str, Call
     state_key = f"{NS}:{{job-r}}:state"
     alive_key = f"{NS}:{{job-r}}:alive"
     reader = StatusReader(client, namespace=NS, cache_ttl=0)
+    # its own reader: with the whole-snapshot reads above, one reader would merge the two
+    # (one snapshot version read with different fields), a cost of mixing, not of the read
+    narrow = StatusReader(client, namespace=NS, cache_ttl=0)
     sync = redis.Redis.from_url(url)
 
     async def raw_hmget() -> Any:
@@ -51,7 +54,7 @@ async def _designs(url: str, stack: contextlib.AsyncExitStack) -> dict[str, Call
         return await reader.get("job-r")
 
     async def jp_get_fields() -> Any:
-        return await reader.get("job-r", fields=FIELDS)
+        return await narrow.get("job-r", fields=FIELDS)
 
     out: dict[str, Callable[[], Any]] = {
         "raw HMGET (baseline)": raw_hmget,

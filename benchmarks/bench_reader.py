@@ -14,6 +14,10 @@
 3. Watch latency: 1,000 watchers (10 on each of 100 jobs, and all 1,000 on one job) follow
    their streams through one reader; a writer on another client XADDs entries whose details
    carry ``perf_counter()``; each watcher records receive time minus that. Goal: p99 < 20 ms.
+   All 1,000 on one job take 300 entries (300,000 deliveries): one entry's fan-out is 1,000
+   deliveries, so the p99 of fewer entries is the single worst stall of the machine. Before and
+   after, the same fan-out without Redis (``bench_fanout_floor``: 1,000 ``asyncio.Queue``
+   consumers of one producer) measures what the loaded machine lets one event loop do.
 
 Each scenario starts with ``gc.collect()``: the garbage of the one before (10,000 poller tasks)
 is not the next one's cost; the collections a scenario's own allocations trigger stay in.
@@ -210,6 +214,37 @@ async def bench_watch(
     }
 
 
+async def bench_fanout_floor(watchers: int, entries: int) -> dict[str, Any]:
+    """The floor of any fan-out in one event loop, measured beside the watch scenario: one
+    producer hands ``entries`` timestamps, 10 ms apart, to ``watchers`` tasks through an
+    ``asyncio.Queue`` each (no Redis, no decoding). Its p99 is what the loaded machine lets a
+    single event loop do at that moment; read the watch figures against it."""
+    queues: list[asyncio.Queue[float | None]] = [asyncio.Queue() for _ in range(watchers)]
+    latencies: list[float] = []
+
+    async def consume(queue: asyncio.Queue[float | None]) -> None:
+        while (sent := await queue.get()) is not None:
+            latencies.append(time.perf_counter() - sent)
+
+    tasks = [asyncio.create_task(consume(q)) for q in queues]
+    await asyncio.sleep(0.2)
+    for _ in range(entries):
+        sent = time.perf_counter()
+        for q in queues:
+            q.put_nowait(sent)
+        await asyncio.sleep(0.01)
+    for q in queues:
+        q.put_nowait(None)
+    await asyncio.gather(*tasks)
+    return {
+        "watchers": watchers,
+        "entries": entries,
+        "p50_ms": round(pct(latencies, 50) * 1000, 2),
+        "p99_ms": round(pct(latencies, 99) * 1000, 2),
+        "max_ms": round(max(latencies) * 1000, 2),
+    }
+
+
 async def _collected(step: Awaitable[dict[str, Any]]) -> dict[str, Any]:
     gc.collect()
     return await step
@@ -233,8 +268,10 @@ async def _run(redis_url: str, quick: bool) -> dict[str, Any]:
             "pollers": await fresh(
                 bench_pollers(client, 10_000, 100, 3.0 if quick else 10.0, 0.05)
             ),
+            "fanout_floor_before": await fresh(bench_fanout_floor(1000, 300)),
             "watch_1000_on_100_jobs": await fresh(bench_watch(redis_url, client, 1000, 100, 300)),
-            "watch_1000_on_1_job": await fresh(bench_watch(redis_url, client, 1000, 1, 100)),
+            "watch_1000_on_1_job": await fresh(bench_watch(redis_url, client, 1000, 1, 300)),
+            "fanout_floor_after": await fresh(bench_fanout_floor(1000, 300)),
         }
     finally:
         await client.aclose()

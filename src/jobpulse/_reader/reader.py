@@ -23,7 +23,7 @@ from .backoff import Backoff
 from .cache import CacheStatistics, SnapshotCache
 from .fetch import Read, ReadClock, ReadRequest, exchange, fast_client, merge
 from .routing import WatchHub
-from .status import ALL_FIELDS, VERDICT_FIELDS, JobState, JobStatus, check_fields
+from .status import ALL_FIELDS, JobState, JobStatus, check_fields, wanted
 from .watch import HubStatistics, Watch
 
 __all__ = ["ReaderConfig", "ReaderStatistics", "StatusReader"]
@@ -218,7 +218,7 @@ class StatusReader:
     async def _get(self, job_id: str, fields: Iterable[str] | None, *, fresh: bool) -> JobStatus:
         check_job_id(job_id)
         names = check_fields(fields)
-        want = _ALL if names is None else frozenset((*VERDICT_FIELDS, *names))
+        want = _ALL if names is None else wanted(names)
         read, age = await self._cache.get(
             job_id, want, lambda f: self._fetch(job_id, f), fresh=fresh
         )

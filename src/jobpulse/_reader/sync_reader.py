@@ -28,7 +28,7 @@ from .cache import SnapshotCache
 from .event import Event, decode_event
 from .fetch import Read, ReadClock, ReadRequest, exchange_sync, fast_client, merge
 from .reader import ReaderConfig, _with_ages
-from .status import ALL_FIELDS, VERDICT_FIELDS, JobState, JobStatus, check_fields
+from .status import ALL_FIELDS, JobState, JobStatus, check_fields, wanted
 
 __all__ = ["SyncStatusReader"]
 
@@ -111,7 +111,7 @@ class SyncStatusReader:
     def _get(self, job_id: str, fields: Iterable[str] | None, *, fresh: bool) -> JobStatus:
         check_job_id(job_id)
         names = check_fields(fields)
-        want = _ALL if names is None else frozenset((*VERDICT_FIELDS, *names))
+        want = _ALL if names is None else wanted(names)
         with self._lock:
             cached = self._cache.hit(job_id, want, fresh=fresh)
         if cached is None:
