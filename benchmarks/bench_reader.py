@@ -16,8 +16,8 @@
    carry ``perf_counter()``; each watcher records receive time minus that. Goal: p99 < 20 ms.
    All 1,000 on one job take 300 entries (300,000 deliveries): one entry's fan-out is 1,000
    deliveries, so the p99 of fewer entries is the single worst stall of the machine. Before and
-   after, the same fan-out without Redis (``bench_fanout_floor``: 1,000 ``asyncio.Queue``
-   consumers of one producer) measures what the loaded machine lets one event loop do.
+   after, the same fan-out without Redis (``bench_fanout_floor``: 1,000 tasks each woken by a
+   future of its own) measures what the loaded machine lets one event loop do.
 
 Each scenario starts with ``gc.collect()``: the garbage of the one before (10,000 poller tasks)
 is not the next one's cost; the collections a scenario's own allocations trigger stay in.
@@ -216,29 +216,35 @@ async def bench_watch(
 
 async def bench_fanout_floor(watchers: int, entries: int) -> dict[str, Any]:
     """The floor of any fan-out in one event loop, measured beside the watch scenario: one
-    producer hands ``entries`` timestamps, 10 ms apart, to ``watchers`` tasks through an
-    ``asyncio.Queue`` each (no Redis, no decoding). Its p99 is what the loaded machine lets a
-    single event loop do at that moment; read the watch figures against it."""
-    queues: list[asyncio.Queue[float | None]] = [asyncio.Queue() for _ in range(watchers)]
+    producer hands ``entries`` timestamps, 10 ms apart, to ``watchers`` tasks, each waiting on
+    a future of its own (the least one event loop can do: no Redis, no decoding, no queue). Its
+    p99 is what the loaded machine lets a single event loop do at that moment; read the watch
+    figures against it."""
+    loop = asyncio.get_running_loop()
+    waiting: list[asyncio.Future[float | None] | None] = [None] * watchers
     latencies: list[float] = []
 
-    async def consume(queue: asyncio.Queue[float | None]) -> None:
-        while (sent := await queue.get()) is not None:
+    async def consume(i: int) -> None:
+        while True:
+            waiting[i] = future = loop.create_future()
+            sent = await future
+            if sent is None:
+                return
             latencies.append(time.perf_counter() - sent)
 
-    tasks = [asyncio.create_task(consume(q)) for q in queues]
+    tasks = [asyncio.create_task(consume(i)) for i in range(watchers)]
     await asyncio.sleep(0.2)
-    for _ in range(entries):
-        sent = time.perf_counter()
-        for q in queues:
-            q.put_nowait(sent)
+    for stamp in [*range(entries), None]:
+        sent = None if stamp is None else time.perf_counter()
+        for future in waiting:
+            if future is not None and not future.done():
+                future.set_result(sent)
         await asyncio.sleep(0.01)
-    for q in queues:
-        q.put_nowait(None)
     await asyncio.gather(*tasks)
     return {
         "watchers": watchers,
         "entries": entries,
+        "deliveries": len(latencies),
         "p50_ms": round(pct(latencies, 50) * 1000, 2),
         "p99_ms": round(pct(latencies, 99) * 1000, 2),
         "max_ms": round(max(latencies) * 1000, 2),

@@ -327,7 +327,7 @@ def merge(found: dict[str, dict[str, Any]]) -> None:
             " / ".join(f"{x:.1f} ms" for x in p99s) or "-",
             "`reader` benchmark"
             + (
-                "; a bare asyncio fan-out to 1,000 queues (no Redis), p99 before / after: "
+                "; a bare fan-out to 1,000 tasks (no Redis), p99 before / after: "
                 + " / ".join(f"{x:.1f} ms" for x in floors)
                 if floors
                 else ""
@@ -376,7 +376,7 @@ def merge(found: dict[str, dict[str, Any]]) -> None:
             "the other, so the last one waits for the 999 before it; a loaded 2-core machine "
             "stretches that"
             + (
-                f" (in the same run a bare asyncio fan-out to 1,000 queues, no Redis, had a p99 "
+                f" (in the same run a bare fan-out to 1,000 tasks, no Redis, had a p99 "
                 f"of {max(floors):.1f} ms)"
                 if floors
                 else ""
