@@ -51,7 +51,7 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import ResponseError
 
-from .._protocol.codec import parse_stream_id, to_text
+from .._protocol.codec import TERMINAL_EVENT_KINDS, parse_stream_id, to_text
 from .._protocol.errors import is_wrongtype
 from ..errors import ProtocolError
 from .event import Event, decode_event
@@ -126,7 +126,11 @@ class _Watcher:
             self.stream = None
             return False
         self.items.append(entry)
-        self._wake()
+        waiter = self.waiter
+        if waiter is not None:  # _wake(), inlined: the hub calls this once per watcher
+            self.waiter = None
+            if not waiter.done():
+                waiter.set_result(None)
         return True
 
     def fail(self, exc: BaseException) -> None:
@@ -198,6 +202,20 @@ class Watch:
         return self
 
     async def __anext__(self) -> Event:
+        # The hot path (a live entry the hub parsed, nothing else pending): 1,000 watchers of
+        # one job run it 1,000 times per entry.
+        items = self._watcher.items
+        if items and not self._pending and not self._done:
+            item, key = items[0]
+            if (
+                key is not None
+                and key > self._last
+                and isinstance(item, Event)
+                and item.kind not in TERMINAL_EVENT_KINDS
+            ):
+                items.popleft()
+                self._last, self._last_id = key, item.id
+                return item
         while not self._done:
             if self._pending:
                 event = self._accept(self._pending.popleft())

@@ -325,10 +325,10 @@ class XReadLoop:
         self, stream: _Stream, item: Event | BaseException, key: tuple[int, int] | None = None
     ) -> None:
         entry = (item, key)  # one tuple for all the watchers
-        for watcher in list(stream.watchers):
-            if not watcher.offer(entry):
-                stream.watchers.discard(watcher)
-                self.overflows += 1
+        full = [watcher for watcher in stream.watchers if not watcher.offer(entry)]
+        for watcher in full:
+            stream.watchers.discard(watcher)
+            self.overflows += 1
         if not stream.watchers:
             self._drop(stream)
 
