@@ -78,3 +78,22 @@ async def test_a_read_cancelled_while_its_reply_is_on_the_way_leaves_no_stale_re
         assert (await reader.get("next")).done == 2
         assert await client.hget("ns:{next}:state", "done") == b"2"
         assert (await reader.get("slow")).done == 1
+
+
+async def test_a_read_that_times_out_raises_and_leaves_the_pool_in_step(proxied: Proxied) -> None:
+    await _seed(proxied.direct, "held", 3)
+    await _seed(proxied.direct, "after", 4)
+    client = aioredis.Redis.from_url(proxied.proxy.url, socket_timeout=0.3)
+    try:
+        async with StatusReader(client, namespace="ns", cache_ttl=0) as reader:
+            assert (await reader.get("held")).done == 3
+            proxied.proxy.blackhole = True  # the request and its reply are held
+            with pytest.raises(redis.exceptions.TimeoutError):
+                await reader.get("held")
+            proxied.proxy.blackhole = False  # the held bytes flow again, to a closed connection
+            await asyncio.sleep(0.2)
+            assert (await reader.get("after")).done == 4
+            assert (await reader.get("held")).done == 3
+            assert await client.hget("ns:{after}:state", "done") == b"4"
+    finally:
+        await client.aclose()
