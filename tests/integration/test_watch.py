@@ -359,3 +359,26 @@ async def test_corrupt_stream_gives_protocol_error(redis: aioredis.Redis, ns: st
             await collect(reader, "junk")
     with pytest.raises(ValueError, match="last_event_id"):
         reader.watch("junk", last_event_id="yesterday")
+
+
+async def test_many_watchers_of_one_job_share_one_decoded_event_per_entry(
+    redis: aioredis.Redis, ns: str
+) -> None:
+    events_key = KeySchema(ns).events("fan")
+    await redis.xadd(events_key, {"kind": "start", "status": "RUNNING", "fence": 1})
+    async with StatusReader(redis, namespace=ns) as reader:
+        tasks = [asyncio.create_task(collect(reader, "fan")) for _ in range(200)]
+        await eventually(lambda: _watchers(reader, 200))
+        for i in range(30):  # live entries, after every watcher attached
+            await redis.xadd(events_key, {"kind": "beat", "seq": i, "fence": 1})
+        await redis.xadd(events_key, {"kind": "end", "status": "COMPLETED", "fence": 1})
+        seen = await asyncio.wait_for(asyncio.gather(*tasks), 30)
+    ids = await stream_ids(redis, ns, "fan")
+    for events in seen:
+        assert [e.id for e in events] == ids  # every entry, once, in order
+    for i in range(1, len(ids)):  # each live entry was decoded once for all 200 watchers
+        assert len({id(events[i]) for events in seen}) == 1
+
+
+async def _watchers(reader: StatusReader, n: int) -> bool:
+    return reader.statistics().watch.watchers == n

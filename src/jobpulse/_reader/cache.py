@@ -166,7 +166,10 @@ class SnapshotCache(Generic[V]):
         cached = self.hit(key, want, fresh=fresh)
         if cached is not None:
             return cached
-        if not fresh and self._ttl > 0:
+        if self._ttl <= 0:
+            # Nothing is ever joined without a cache (see below): no flight to register.
+            return await self._load(key, want, fetch)
+        if not fresh:
             for flight in self._inflight.get(key, ()):
                 if want <= flight.fields:
                     self._joined += 1

@@ -16,28 +16,21 @@ from redis.exceptions import ResponseError
 from .._checks import check_number
 from .._protocol.codec import parse_stream_id, to_text
 from .._protocol.deadline import cancellable
-from .._protocol.errors import is_no_such_key, is_wrongtype, tolerate_faults
+from .._protocol.errors import is_no_such_key, tolerate_faults
 from .._protocol.keys import KeySchema, check_job_id
 from ..errors import InvalidJobId, ProtocolError
 from .backoff import Backoff
 from .cache import CacheStatistics, SnapshotCache
+from .fetch import Read, ReadClock, ReadRequest, exchange, fast_client, merge
 from .routing import WatchHub
-from .status import (
-    ALL_FIELDS,
-    VERDICT_FIELDS,
-    JobState,
-    JobStatus,
-    RawSnapshot,
-    check_fields,
-    decode_snapshot,
-    decode_values,
-    version,
-)
+from .status import ALL_FIELDS, JobState, JobStatus, check_fields, wanted
 from .watch import HubStatistics, Watch
 
 __all__ = ["ReaderConfig", "ReaderStatistics", "StatusReader"]
 
 log = logging.getLogger("jobpulse")
+
+_ALL = frozenset(ALL_FIELDS)
 
 
 def _seconds(name: str, value: object, *, positive: bool = False) -> float:
@@ -100,52 +93,6 @@ class ReaderStatistics:
     watch: HubStatistics
 
 
-@dataclass(frozen=True, slots=True)
-class _Read:
-    """One read (or a merge of reads of the same snapshot version), validated."""
-
-    status: JobStatus
-    raw: RawSnapshot
-    fields: frozenset[str]
-    version: tuple[int, int]
-    exists: bool
-    server_ms: int
-    alive_pttl: int
-
-    @property
-    def terminal(self) -> bool:
-        return self.status.state.is_terminal
-
-
-def _merge(older: _Read, newer: _Read) -> _Read:
-    raw = {**older.raw, **newer.raw}
-    status = decode_snapshot(older.status.job_id, raw, newer.alive_pttl, newer.server_ms)
-    return replace(newer, status=status, raw=raw, fields=older.fields | newer.fields)
-
-
-def build_read(
-    job_id: str, state: str, want: frozenset[str], names: list[str], replies: list[Any]
-) -> _Read:
-    """Decode the replies of one read (``HMGET names``, ``PTTL`` alive, ``TIME``), as both
-    readers (asyncio and sync) send it."""
-    for reply in replies:
-        if is_wrongtype(reply):
-            raise ProtocolError(f"job {job_id!r}: {state} is not a hash")
-        if isinstance(reply, Exception):
-            raise reply
-    values, pttl, now = replies
-    server_ms = _server_ms(now)
-    raw = decode_values(job_id, names, values)
-    status = decode_snapshot(job_id, raw, int(pttl), server_ms)
-    exists = status.state is not JobState.UNKNOWN
-    return _Read(status, raw, want, version(job_id, raw), exists, server_ms, int(pttl))
-
-
-def _server_ms(reply: Any) -> int:
-    seconds, micros = reply  # redis-py parses TIME into (seconds, microseconds)
-    return int(seconds) * 1000 + int(micros) // 1000
-
-
 class StatusReader:
     """Reads job status: cheap enough for an API gateway's hot path, never wrong about a dead
     worker, never back in time.
@@ -203,13 +150,15 @@ class StatusReader:
         )
         self._redis = redis
         self._cluster = isinstance(redis, RedisCluster)
+        self._fast = fast_client(redis)
+        self._time = ReadClock(redis)
         self._slots = asyncio.Semaphore(self.config.concurrency)
         self._clock = clock
-        self._cache: SnapshotCache[_Read] = SnapshotCache(
+        self._cache: SnapshotCache[Read] = SnapshotCache(
             ttl=self.config.cache_ttl,
             terminal_ttl=self.config.terminal_seconds,
             max_entries=self.config.max_entries,
-            merge=_merge,
+            merge=merge,
             clock=clock,
         )
         self._hub = WatchHub(
@@ -243,9 +192,10 @@ class StatusReader:
     async def get(self, job_id: str, fields: Iterable[str] | None = None) -> JobStatus:
         """The job's status, in one Redis round trip (or none, from the cache).
 
-        One non-transactional pipeline: ``HMGET`` of the asked fields plus what the verdict
-        and the ages need (``status seq fence heartbeat_ms progress_ms``), ``PTTL`` of the
-        liveness key, and ``TIME`` (so ages are measured on the server's clock alone).
+        One write of three commands (see ``_reader/fetch.py``): ``HMGET`` of the asked fields
+        plus what the verdict and the ages need (``status seq fence heartbeat_ms
+        progress_ms``), ``PTTL`` of the liveness key, and ``TIME`` (so ages are measured on the
+        server's clock alone; on a server that refuses ``TIME``, the host's wall clock).
 
         Args:
             job_id: the job.
@@ -268,7 +218,7 @@ class StatusReader:
     async def _get(self, job_id: str, fields: Iterable[str] | None, *, fresh: bool) -> JobStatus:
         check_job_id(job_id)
         names = check_fields(fields)
-        want = frozenset(ALL_FIELDS if names is None else (*VERDICT_FIELDS, *names))
+        want = _ALL if names is None else wanted(names)
         read, age = await self._cache.get(
             job_id, want, lambda f: self._fetch(job_id, f), fresh=fresh
         )
@@ -276,24 +226,19 @@ class StatusReader:
             return _with_ages(read.status, age)
         return read.status
 
-    async def _fetch(self, job_id: str, want: frozenset[str]) -> _Read:
-        keys = self._schema.job(job_id)
-        names = [f for f in ALL_FIELDS if f in want]
+    async def _fetch(self, job_id: str, want: frozenset[str]) -> Read:
+        request = ReadRequest(job_id, self._schema.job(job_id), want, self._time)
         try:
-            async with self._slots, self._redis.pipeline(transaction=False) as pipe:
-                pipe.hmget(keys.state, names)
-                pipe.pttl(keys.alive)
-                if self._cluster:
-                    # The clock of the node that holds the job (the one its scripts read), in
-                    # the same round trip; redis-py blocks pipe.time() on cluster pipelines.
-                    node = self._redis.get_node_from_key(keys.state)
-                    pipe.execute_command("TIME", target_nodes=node)
+            async with self._slots:
+                if self._fast:
+                    replies = await exchange(self._redis, request.packed(), request.count)
                 else:
-                    pipe.time()
-                values, pttl, now = await pipe.execute(raise_on_error=False)
+                    async with self._redis.pipeline(transaction=False) as pipe:
+                        request.queue(pipe, self._redis, cluster=self._cluster)
+                        replies = await pipe.execute(raise_on_error=False)
         except UnicodeDecodeError:  # a client with decode_responses, a foreign value
             raise ProtocolError(f"job {job_id!r}: a snapshot value is not UTF-8") from None
-        return build_read(job_id, keys.state, want, names, [values, pttl, now])
+        return request.result(replies)
 
     # -- the running-jobs index and the stream's extent ----------------------------------------
 

@@ -11,6 +11,7 @@ import enum
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from functools import lru_cache
 from typing import Any
 
 import orjson
@@ -28,6 +29,7 @@ __all__ = [
     "decode_snapshot",
     "decode_values",
     "version",
+    "wanted",
 ]
 
 ALL_FIELDS: tuple[str, ...] = (*SNAPSHOT_FIELDS, "cancel")
@@ -162,6 +164,13 @@ def check_fields(fields: object) -> tuple[str, ...] | None:
     if unknown:
         raise ValueError(f"fields has unknown names {unknown!r}; valid: {', '.join(ALL_FIELDS)}")
     return names
+
+
+@lru_cache(maxsize=256)
+def wanted(names: tuple[str, ...]) -> frozenset[str]:
+    """The fields a read of ``names`` (checked by :func:`check_fields`) fetches: those and the
+    verdict fields."""
+    return frozenset((*VERDICT_FIELDS, *names))
 
 
 def decode_values(

@@ -1,8 +1,8 @@
 """``jobpulse.sync.StatusReader``: the reader for sync code (Django and Flask views, scripts).
 
 The same reads, decode, cache ordering (never back in time) and verdicts as the asyncio
-:class:`~jobpulse.StatusReader`: the read is the same pipeline decoded by the same
-:func:`~jobpulse._reader.reader.build_read`, and answers go through the same
+:class:`~jobpulse.StatusReader`: the read is the same :class:`~jobpulse._reader.fetch.ReadRequest`
+(the same bytes, the same decode), and answers go through the same
 :class:`~jobpulse._reader.cache.SnapshotCache` (its ``hit``/``admit``, under a lock: threads
 share the cache, not the reads in flight). ``watch()`` is a plain iterator over the stream
 (``XREAD BLOCK`` on the caller's thread); ``wait()`` follows it, polling ``Backoff`` otherwise.
@@ -26,12 +26,15 @@ from ..errors import ProtocolError
 from .backoff import Backoff
 from .cache import SnapshotCache
 from .event import Event, decode_event
-from .reader import ReaderConfig, _merge, _Read, _with_ages, build_read
-from .status import ALL_FIELDS, VERDICT_FIELDS, JobState, JobStatus, check_fields
+from .fetch import Read, ReadClock, ReadRequest, exchange_sync, fast_client, merge
+from .reader import ReaderConfig, _with_ages
+from .status import ALL_FIELDS, JobState, JobStatus, check_fields, wanted
 
 __all__ = ["SyncStatusReader"]
 
 log = logging.getLogger("jobpulse")
+
+_ALL = frozenset(ALL_FIELDS)
 
 
 class SyncStatusReader:
@@ -73,12 +76,14 @@ class SyncStatusReader:
         )
         self._redis: Any = redis
         self._cluster = isinstance(redis, RedisCluster)
+        self._fast = fast_client(redis)
+        self._time = ReadClock(redis)
         self._lock = threading.Lock()
-        self._cache: SnapshotCache[_Read] = SnapshotCache(
+        self._cache: SnapshotCache[Read] = SnapshotCache(
             ttl=self.config.cache_ttl,
             terminal_ttl=self.config.terminal_seconds,
             max_entries=self.config.max_entries,
-            merge=_merge,
+            merge=merge,
             clock=clock,
         )
 
@@ -106,7 +111,7 @@ class SyncStatusReader:
     def _get(self, job_id: str, fields: Iterable[str] | None, *, fresh: bool) -> JobStatus:
         check_job_id(job_id)
         names = check_fields(fields)
-        want = frozenset(ALL_FIELDS if names is None else (*VERDICT_FIELDS, *names))
+        want = _ALL if names is None else wanted(names)
         with self._lock:
             cached = self._cache.hit(job_id, want, fresh=fresh)
         if cached is None:
@@ -118,22 +123,18 @@ class SyncStatusReader:
             return _with_ages(read.status, age)
         return read.status
 
-    def _fetch(self, job_id: str, want: frozenset[str]) -> _Read:
-        keys = self._schema.job(job_id)
-        names = [f for f in ALL_FIELDS if f in want]
+    def _fetch(self, job_id: str, want: frozenset[str]) -> Read:
+        request = ReadRequest(job_id, self._schema.job(job_id), want, self._time)
         try:
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.hmget(keys.state, names)
-            pipe.pttl(keys.alive)
-            if self._cluster:  # the clock of the node that holds the job (see the async reader)
-                node = self._redis.get_node_from_key(keys.state)
-                pipe.execute_command("TIME", target_nodes=node)
+            if self._fast:
+                replies = exchange_sync(self._redis, request.packed(), request.count)
             else:
-                pipe.time()
-            replies = pipe.execute(raise_on_error=False)
+                pipe = self._redis.pipeline(transaction=False)
+                request.queue(pipe, self._redis, cluster=self._cluster)
+                replies = pipe.execute(raise_on_error=False)
         except UnicodeDecodeError:
             raise ProtocolError(f"job {job_id!r}: a snapshot value is not UTF-8") from None
-        return build_read(job_id, keys.state, want, names, list(replies))
+        return request.result(list(replies))
 
     def wait(
         self, job_id: str, *, timeout: float | None = None, backoff: Backoff | None = None

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import AskError, ClusterDownError, MovedError, ResponseError, TryAgainError
 
-from .._protocol.codec import TERMINAL_STATUSES, to_text
+from .._protocol.codec import TERMINAL_STATUSES, parse_stream_id, to_text
 from .._protocol.errors import (
     error_code,
     is_redis_fault,
@@ -308,22 +308,27 @@ class XReadLoop:
         """Hand ``entries`` to the stream's watchers; True when the stream ended."""
         for entry_id, raw in entries:
             item: Event | BaseException
+            key: tuple[int, int] | None = None
             try:
-                item = decode_event(entry_id, raw)
+                item = decode_event(entry_id, raw)  # once per entry, whatever the watchers
+                key = parse_stream_id(item.id)
             except ProtocolError as exc:
                 item = exc
             stream.cursor = to_text(entry_id) or stream.cursor
-            self._offer(stream, item)
+            self._offer(stream, item, key)
             if not isinstance(item, Event) or item.terminal:
                 self._drop(stream)
                 return True
         return False
 
-    def _offer(self, stream: _Stream, item: Event | BaseException) -> None:
-        for watcher in list(stream.watchers):
-            if not watcher.offer(item):
-                stream.watchers.discard(watcher)
-                self.overflows += 1
+    def _offer(
+        self, stream: _Stream, item: Event | BaseException, key: tuple[int, int] | None = None
+    ) -> None:
+        entry = (item, key)  # one tuple for all the watchers
+        full = [watcher for watcher in stream.watchers if not watcher.offer(entry)]
+        for watcher in full:
+            stream.watchers.discard(watcher)
+            self.overflows += 1
         if not stream.watchers:
             self._drop(stream)
 
