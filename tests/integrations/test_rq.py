@@ -20,6 +20,7 @@ from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry, StartedJobRegistry
 
 from jobpulse import JobCancelled, JobState, StatusReader, Sweeper, request_cancel
+from jobpulse._worker.arena import NAME_PREFIX
 from tests.support import eventually
 
 pytestmark = pytest.mark.usefixtures("queue_keys")
@@ -252,3 +253,8 @@ async def test_stop_job_command_is_stopped_in_rq_and_stale_then_lost_in_jobpulse
     assert (final.state, final.attempt) == (JobState.LOST, 1)
     assert await _count(redis, ns, "runs", job_id) == 1
     assert await _count(redis, ns, "done", job_id) == 0
+    # the horse's resource tracker died in its group: the next horse removes the horse's block
+    # (unlocked, its pid gone) before it creates its own
+    after = _enqueue(queue, f"{ns}-2", "progress", ns, 2)
+    await eventually(_status(after), within=10)
+    assert sorted(Path("/dev/shm").glob(f"{NAME_PREFIX}{horse}_*")) == []
