@@ -141,9 +141,9 @@ def _create(size: int) -> shared_memory.SharedMemory:
     """A new block, held with a shared ``flock`` (see the module's docstring).
 
     The creator's resource tracker unlinks the block should this process be killed (its tracker
-    living on). A sweep of another process may run between the create and the lock: it takes
-    the unlocked block for a leftover and unlinks it. The lock waits for such a sweep to let go;
-    a block whose name is gone by then is given up and another one made.
+    living on). A sweep of a process that does not see this pid alive (another pid namespace)
+    may take the block between its creation and the lock; the lock is then refused (never
+    waited for) or the name is found gone, and the block is dropped and another one made.
     """
     while True:
         name = f"{NAME_PREFIX}{os.getpid()}_{secrets.token_hex(6)}"
@@ -151,14 +151,20 @@ def _create(size: int) -> shared_memory.SharedMemory:
         fd = shm._fd  # type: ignore[attr-defined]
         try:
             if fcntl is not None:
-                fcntl.flock(fd, fcntl.LOCK_SH)
+                fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except BlockingIOError:
+            pass  # a sweep holds it: drop it
         except OSError:  # a file system without flock: no protection, no sweep needed either
             return shm
-        if os.fstat(fd).st_nlink > 0:
-            return shm
-        shm.close()  # a sweep unlinked it: the tracker must not try again at exit
-        with contextlib.suppress(Exception):
-            resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
+        else:
+            if os.fstat(fd).st_nlink > 0:
+                return shm
+        shm.close()
+        try:
+            shm.unlink()  # also tells the resource tracker
+        except FileNotFoundError:  # the sweep unlinked it: the tracker must not try at exit
+            with contextlib.suppress(Exception):
+                resource_tracker.unregister(shm._name, "shared_memory")  # type: ignore[attr-defined]
 
 
 def _sweep() -> None:
