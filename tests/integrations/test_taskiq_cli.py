@@ -44,8 +44,8 @@ async def cli_worker(
     )
     await broker.startup()
 
-    async def kick(name: str, *args: Any) -> AsyncTaskiqTask[Any]:
-        return await AsyncKicker(task_name=name, broker=broker, labels={}).kiq(*args)
+    async def kick(name: str, *args: Any, **labels: Any) -> AsyncTaskiqTask[Any]:
+        return await AsyncKicker(task_name=name, broker=broker, labels=labels).kiq(*args)
 
     yield kick
     await broker.shutdown()
@@ -98,3 +98,32 @@ async def test_request_cancel_stops_a_sync_task_at_its_next_check(
     assert final.state is JobState.CANCELLED
     assert final.done == int(await redis.get(marker) or 0)
     assert int(await redis.get(counter) or 0) == 1
+
+
+async def test_a_timeout_label_stops_a_sync_task_at_its_next_check(
+    cli_worker: Kick, redis: aioredis.Redis, ns: str, reader: StatusReader
+) -> None:
+    counter, marker = f"{ns}:runs", f"{ns}:advanced"
+    task = await cli_worker("sync_until_cancelled", counter, marker, timeout=1)
+    result = await task.wait_result(timeout=20)
+    assert result.is_err
+    assert isinstance(result.error, TimeoutError)
+    # the heartbeat waited for the thread, which stopped at its next check()
+    final = await reader.get(task.task_id)
+    assert final.state is JobState.CANCELLED
+    assert final.done == int(await redis.get(marker) or 0)
+    assert int(await redis.get(counter) or 0) == 1
+
+
+async def test_a_timeout_label_ends_an_async_task_cancelled_not_stale(
+    cli_worker: Kick, redis: aioredis.Redis, ns: str, reader: StatusReader
+) -> None:
+    # taskiq's timeout is an anyio cancel scope, which cancels again at every await: a first
+    # version had the heartbeat's final write cancelled too, and the job went STALE
+    task = await cli_worker("async_progress", f"{ns}:runs", 1000, timeout=1)
+    result = await task.wait_result(timeout=20)
+    assert result.is_err
+    assert isinstance(result.error, TimeoutError)
+    final = await reader.get(task.task_id)  # written before taskiq stored its result
+    assert final.state is JobState.CANCELLED
+    assert 0 < (final.done or 0) < 1000
