@@ -120,8 +120,8 @@ class _Instrumented:
         if state is None:
             # The body never finished: Celery's tracer sends postrun from a `finally` while a
             # BaseException leaves the task — the SystemExit of a prefork child's SIGTERM
-            # handler (revoke(terminate=True), a hard time limit, a cold shutdown),
-            # KeyboardInterrupt. Never COMPLETED: the job was stopped from outside.
+            # handler (revoke(terminate=True), a hard time limit), KeyboardInterrupt. Never
+            # COMPLETED: the job was stopped from outside.
             stopped = _interrupted(sys.exc_info()[1])
             stack.__exit__(JobCancelled, stopped, None)
         elif state in ("FAILURE", "RETRY", "REJECTED") and isinstance(retval, BaseException):
@@ -136,7 +136,7 @@ def _interrupted(exc: BaseException | None) -> JobCancelled:
     what = "" if exc is None else f" by {type(exc).__name__}({exc})"
     return JobCancelled(
         f"the task was interrupted{what} before it finished: its worker process was stopped "
-        "(revoke(terminate=True), a hard time limit or a cold shutdown)"
+        "(revoke(terminate=True) or a hard time limit)"
     )
 
 
