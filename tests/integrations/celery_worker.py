@@ -15,6 +15,7 @@ from typing import Any
 
 import redis
 from celery import Celery, signals
+from celery.exceptions import Reject
 
 import jobpulse
 from jobpulse.integrations.celery import instrument
@@ -94,6 +95,13 @@ def probe(self: Any) -> str:
     hb = jobpulse.current()
     return "none" if hb is None else "heartbeat"
 
+
+
+@app.task(bind=True, name="rejecter")
+def rejecter(self: Any) -> str:
+    """Rejects its message (not requeued): Celery's REJECTED state."""
+    _count(self.request.id)
+    raise Reject("not for this worker", requeue=False)
 
 @signals.worker_ready.connect
 def _ready(**_: Any) -> None:

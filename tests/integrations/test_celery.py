@@ -217,6 +217,18 @@ async def test_revoke_terminate_sigkill_is_stale_within_ttl_then_lost_at_the_nex
     assert await _runs(redis, ns, task_id) == 1
 
 
+async def test_a_rejected_task_is_failed_in_jobpulse_not_completed(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery, reader: StatusReader
+) -> None:
+    task_id = f"{ns}-1"
+    spawn(WORKER, redis_url, ns, "jobpulse")
+    _send(app, "rejecter", task_id)
+    final = await eventually(lambda: _final(reader, task_id), within=10)
+    assert final.state is JobState.FAILED
+    assert final.error == "Reject: ('not for this worker', False)"
+    assert await _runs(redis, ns, task_id) == 1
+
+
 def _gone(pid: int) -> bool:
     """The process is gone or a zombie."""
     try:
