@@ -96,12 +96,12 @@ def probe(self: Any) -> str:
     return "none" if hb is None else "heartbeat"
 
 
-
 @app.task(bind=True, name="rejecter")
 def rejecter(self: Any) -> str:
     """Rejects its message (not requeued): Celery's REJECTED state."""
     _count(self.request.id)
     raise Reject("not for this worker", requeue=False)
+
 
 @signals.worker_ready.connect
 def _ready(**_: Any) -> None:
