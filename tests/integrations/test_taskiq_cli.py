@@ -21,6 +21,7 @@ from tests.support import eventually
 pytestmark = pytest.mark.usefixtures("queue_keys")
 
 APP = "tests.integrations.taskiq_cli_app:broker"
+TASKS = "tests.integrations.taskiq_cli_tasks"  # a tasks module the CLI imports after APP
 Kick = Callable[..., Any]
 
 
@@ -37,7 +38,7 @@ async def cli_worker(
     queue = f"{ns}-cli"
     await redis.xgroup_create(queue, "taskiq", id="$", mkstream=True)
     env = {"JOBPULSE_TEST_URL": redis_url, "JOBPULSE_TEST_QUEUE": queue, "JOBPULSE_TEST_NS": ns}
-    argv = [sys.executable, "-m", "taskiq", "worker", APP, "--workers", "1"]
+    argv = [sys.executable, "-m", "taskiq", "worker", APP, TASKS, "--workers", "1"]
     session_procs([*argv, "--no-configure-logging"], env)
     broker = RedisStreamBroker(redis_url, queue_name=queue).with_result_backend(
         RedisAsyncResultBackend(redis_url, prefix_str=queue)
@@ -127,3 +128,12 @@ async def test_a_timeout_label_ends_an_async_task_cancelled_not_stale(
     final = await reader.get(task.task_id)  # written before taskiq stored its result
     assert final.state is JobState.CANCELLED
     assert 0 < (final.done or 0) < 1000
+
+
+async def test_a_task_of_a_module_the_cli_imports_later_runs_under_a_heartbeat(
+    cli_worker: Kick, reader: StatusReader
+) -> None:
+    task = await cli_worker("late_probe")
+    result = await task.wait_result(timeout=20)
+    assert (result.is_err, result.return_value) == (False, "late_probe")
+    assert (await reader.get(task.task_id)).state is JobState.COMPLETED
