@@ -1,8 +1,9 @@
 """A taskiq app run by the taskiq CLI in the tests: ``taskiq worker
 tests.integrations.taskiq_cli_app:broker`` with ``JOBPULSE_TEST_URL``, ``JOBPULSE_TEST_QUEUE`` and
-``JOBPULSE_TEST_NS`` in the environment (more tasks in ``taskiq_cli_tasks``). The broker is instrumented (interval 0.25 s, ttl 1 s);
-its tasks are plain ``def`` functions, which taskiq runs in a thread, and one ``async def``.
-Every task INCRs the counter key it is given when it starts, so the tests count executions."""
+``JOBPULSE_TEST_NS`` in the environment (more tasks in ``taskiq_cli_tasks``). The broker is
+instrumented (interval 0.25 s, ttl 1 s); its tasks are plain ``def`` functions, which taskiq runs
+in a thread, and one ``async def``. Every task INCRs the counter key it is given when it starts,
+so the tests count executions."""
 
 from __future__ import annotations
 
