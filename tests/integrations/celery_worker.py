@@ -1,23 +1,27 @@
 """A Celery worker process for the tests: ``python -m tests.integrations.celery_worker URL
-NAMESPACE MODE`` where MODE is ``jobpulse`` (instrumented, interval 0.25 s, ttl 1 s) or
-``plain``. The app acks late, with ``visibility_timeout=3`` and the restore scan every 1 s, keys
-prefixed by ``NAMESPACE:`` and the queue ``NAMESPACE:q``; a threads pool of 4 (so a restored copy
-of a running task starts beside it). Prints ``ready`` once the worker consumes; every task INCRs
+NAMESPACE MODE [POOL]`` where MODE is ``jobpulse`` (instrumented, interval 0.25 s, ttl 1 s) or
+``plain``, and POOL ``threads`` (the default) or ``prefork``. The app acks late, with
+``visibility_timeout=3`` and the restore scan every 1 s, keys prefixed by ``NAMESPACE:`` and the
+queue ``NAMESPACE:q``; a threads pool of 4 (so a restored copy of a running task starts beside it)
+or a prefork pool of one child. Prints ``ready`` once the worker consumes; every task INCRs
 ``NAMESPACE:runs:<task id>`` when it starts, so the tests count executions."""
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from typing import Any
 
 import redis
 from celery import Celery, signals
+from celery.exceptions import Reject
 
 import jobpulse
 from jobpulse.integrations.celery import instrument
 
 URL, NAMESPACE, MODE = sys.argv[1:4] if __name__ == "__main__" else ("redis://", "t", "plain")
+POOL = sys.argv[4] if __name__ == "__main__" and len(sys.argv) > 4 else "threads"
 
 app = Celery("jobpulse_test", broker=URL, backend=URL)
 app.conf.update(
@@ -58,8 +62,9 @@ def progress(self: Any, n: int) -> dict[str, Any]:
 
 @app.task(bind=True, name="sleeper")
 def sleeper(self: Any, seconds: float) -> str:
-    """Runs for ``seconds``, calling ``check()`` when a heartbeat is there."""
+    """Runs for ``seconds``, calling ``check()`` when a heartbeat is there; records its pid."""
     _count(self.request.id)
+    client.rpush(f"{NAMESPACE}:pids:{self.request.id}", os.getpid())
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         hb = jobpulse.current()
@@ -91,6 +96,13 @@ def probe(self: Any) -> str:
     return "none" if hb is None else "heartbeat"
 
 
+@app.task(bind=True, name="rejecter")
+def rejecter(self: Any) -> str:
+    """Rejects its message (not requeued): Celery's REJECTED state."""
+    _count(self.request.id)
+    raise Reject("not for this worker", requeue=False)
+
+
 @signals.worker_ready.connect
 def _ready(**_: Any) -> None:
     print("ready", flush=True)
@@ -105,9 +117,9 @@ if __name__ == "__main__":
             "--quiet",
             "worker",
             "-P",
-            "threads",
+            POOL,
             "-c",
-            "4",
+            "4" if POOL == "threads" else "1",
             "-Q",
             f"{NAMESPACE}:q",
             "--loglevel",

@@ -4,13 +4,15 @@ Redis, a queue name of the test's own (under its namespace), everything cleaned 
 from __future__ import annotations
 
 import contextlib
+import os
+import signal
 import subprocess
 from collections.abc import AsyncIterator, Callable, Iterator
 
 import pytest
 import redis.asyncio as aioredis
 
-from tests.support import spawn_ready, stop
+from tests.support import ROOT, spawn_ready, stop
 
 
 @pytest.fixture
@@ -38,3 +40,28 @@ async def queue_keys(redis: aioredis.Redis, ns: str) -> AsyncIterator[None]:
         if keys:
             await redis.delete(*keys)
         await redis.zrem("arq:abort", *[f"{ns}-{n}" for n in range(10)])
+
+
+@pytest.fixture
+def session_procs() -> Iterator[Callable[..., subprocess.Popen[bytes]]]:
+    """``start(argv, env)`` runs a command that starts processes of its own (a queue's CLI and
+    its worker children) in a new session; every process of that session is SIGKILLed at the
+    end of the test."""
+    procs: list[subprocess.Popen[bytes]] = []
+
+    def start(argv: list[str], env: dict[str, str]) -> subprocess.Popen[bytes]:
+        proc = subprocess.Popen(
+            argv,
+            cwd=ROOT,
+            env={**os.environ, **env},
+            stdout=subprocess.DEVNULL,
+            start_new_session=True,
+        )
+        procs.append(proc)
+        return proc
+
+    yield start
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()

@@ -8,6 +8,7 @@ import signal
 import subprocess
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -15,7 +16,8 @@ import redis.asyncio as aioredis
 from celery import Celery
 from celery.result import AsyncResult
 
-from jobpulse import JobCancelled, JobState, StatusReader, request_cancel
+from jobpulse import JobCancelled, JobState, StatusReader, Sweeper, request_cancel
+from jobpulse._worker.arena import NAME_PREFIX
 from tests.support import eventually
 
 pytestmark = pytest.mark.usefixtures("queue_keys")
@@ -150,3 +152,92 @@ async def test_without_the_integration_tasks_run_and_current_is_none(
     spawn(WORKER, redis_url, ns, "plain")
     assert await _result(_send(app, "probe", task_id), 10) == "none"
     assert (await reader.get(task_id)).state is JobState.UNKNOWN
+
+
+async def _revoke_running(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery, signal_name: str
+) -> tuple[str, int]:
+    """Run ``sleeper`` on a prefork worker of one child, revoke it with ``terminate=True`` and
+    ``signal_name`` once it runs; return its task id and child pid once Celery says REVOKED and
+    the child is gone."""
+    task_id = f"{ns}-1"
+    spawn(WORKER, redis_url, ns, "jobpulse", "prefork")
+    _send(app, "sleeper", task_id, 30)
+    child = int(await eventually(lambda: redis.lindex(f"{ns}:pids:{task_id}", 0), within=10))
+    await asyncio.to_thread(app.control.revoke, task_id, terminate=True, signal=signal_name)
+
+    async def revoked() -> bool:
+        state = await asyncio.to_thread(lambda: AsyncResult(task_id, app=app).state)
+        return bool(state == "REVOKED")
+
+    await eventually(revoked, within=10)
+    await eventually(lambda: asyncio.to_thread(_gone, child), within=5)
+    # acknowledged as revoked: nothing left for kombu to restore
+    assert await redis.zcard(f"{ns}:unacked_index") == 0
+    assert await redis.hlen(f"{ns}:unacked") == 0
+    return task_id, child
+
+
+async def test_revoke_terminate_is_revoked_in_celery_and_cancelled_in_jobpulse(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery, reader: StatusReader
+) -> None:
+    # SIGTERM (the default): the prefork child's handler raises SystemExit through the body and
+    # Celery sends task_postrun with no state; a first version recorded that COMPLETED
+    task_id, child = await _revoke_running(spawn, redis_url, ns, redis, app, "SIGTERM")
+    final = await eventually(lambda: _final(reader, task_id), within=5)
+    assert (final.state, final.attempt) == (JobState.CANCELLED, 1)
+    assert final.error is not None
+    assert final.error.startswith("JobCancelled: the task was interrupted by SystemExit")
+    assert await _runs(redis, ns, task_id) == 1
+    assert _segments_of(child) == []
+
+
+async def test_revoke_terminate_sigkill_is_stale_within_ttl_then_lost_at_the_next_sweep(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery, reader: StatusReader
+) -> None:
+    task_id, _ = await _revoke_running(spawn, redis_url, ns, redis, app, "SIGKILL")
+    gone_at = time.monotonic()
+
+    async def stale() -> bool:
+        return (await reader.get(task_id)).state is JobState.STALE
+
+    await eventually(stale, within=TTL + 0.5)
+    assert time.monotonic() - gone_at <= TTL + 0.5
+    # a sweeper claims it once its index deadline passed (the index is refreshed every few beats)
+    sweeper, claimed = Sweeper(redis, namespace=ns), list[str]()
+
+    async def swept() -> bool:
+        claimed.extend(job.job_id for job in await sweeper.sweep())
+        return bool(claimed)
+
+    await eventually(swept, within=10)
+    assert claimed == [task_id]
+    final = await reader.get(task_id)
+    assert (final.state, final.attempt) == (JobState.LOST, 1)
+    assert await _runs(redis, ns, task_id) == 1
+
+
+async def test_a_rejected_task_is_failed_in_jobpulse_not_completed(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery, reader: StatusReader
+) -> None:
+    task_id = f"{ns}-1"
+    spawn(WORKER, redis_url, ns, "jobpulse")
+    _send(app, "rejecter", task_id)
+    final = await eventually(lambda: _final(reader, task_id), within=10)
+    assert final.state is JobState.FAILED
+    assert final.error == "Reject: ('not for this worker', False)"
+    assert await _runs(redis, ns, task_id) == 1
+
+
+def _gone(pid: int) -> bool:
+    """The process is gone or a zombie."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except FileNotFoundError:
+        return True
+    return state == "Z"
+
+
+def _segments_of(pid: int) -> list[str]:
+    """The jobpulse shared-memory blocks the process ``pid`` created that are still named."""
+    return sorted(p.name for p in Path("/dev/shm").glob(f"{NAME_PREFIX}{pid}_*"))

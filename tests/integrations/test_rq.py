@@ -15,9 +15,12 @@ import pytest
 import redis as redis_sync
 import redis.asyncio as aioredis
 from rq import Queue, Retry
+from rq.command import send_stop_job_command
 from rq.job import Job, JobStatus
+from rq.registry import FailedJobRegistry, StartedJobRegistry
 
-from jobpulse import JobCancelled, JobState, StatusReader, request_cancel
+from jobpulse import JobCancelled, JobState, StatusReader, Sweeper, request_cancel
+from jobpulse._worker.arena import NAME_PREFIX
 from tests.support import eventually
 
 pytestmark = pytest.mark.usefixtures("queue_keys")
@@ -204,3 +207,54 @@ async def test_without_the_integration_jobs_run_and_current_is_none(
     await eventually(_status(job), within=10)
     assert job.return_value() == "none"
     assert (await reader.get(job_id)).state is JobState.UNKNOWN
+
+
+async def test_stop_job_command_is_stopped_in_rq_and_stale_then_lost_in_jobpulse(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, queue: Queue, reader: StatusReader
+) -> None:
+    # RQ's stop-job SIGKILLs the work horse's process group: nothing of the job is written by it
+    job_id = f"{ns}-1"
+    spawn(WORKER, redis_url, ns, "jobpulse")
+    job = _enqueue(queue, job_id, "sleeper", ns, 30, retry=True)
+    horse = int(await eventually(lambda: redis.lindex(f"{ns}:pids:{job_id}", 0), within=10))
+
+    async def running() -> bool:
+        return (await reader.get(job_id)).state is JobState.RUNNING
+
+    await eventually(running, within=10)
+    send_stop_job_command(queue.connection, job_id)
+
+    async def stopped() -> bool:
+        return job.get_status(refresh=True) is JobStatus.STOPPED
+
+    await eventually(stopped, within=10)
+    gone_at = time.monotonic()
+    assert _gone(horse)
+
+    async def stale() -> bool:
+        return (await reader.get(job_id)).state is JobState.STALE
+
+    await eventually(stale, within=TTL + 0.5)
+    assert time.monotonic() - gone_at <= TTL + 0.5
+    # RQ's own state agrees: failed, not started, not retried (retries_left is not used)
+    assert job_id in FailedJobRegistry(queue=queue)
+    assert job_id not in StartedJobRegistry(queue=queue)
+    assert job_id not in queue.get_job_ids()
+    # a sweeper claims it once its index deadline passed: LOST, never RUNNING or COMPLETED
+    sweeper, claimed = Sweeper(redis, namespace=ns), list[str]()
+
+    async def swept() -> bool:
+        claimed.extend(job.job_id for job in await sweeper.sweep())
+        return bool(claimed)
+
+    await eventually(swept, within=10)
+    assert claimed == [job_id]
+    final = await reader.get(job_id)
+    assert (final.state, final.attempt) == (JobState.LOST, 1)
+    assert await _count(redis, ns, "runs", job_id) == 1
+    assert await _count(redis, ns, "done", job_id) == 0
+    # the horse's resource tracker died in its group: the next horse removes the horse's block
+    # (unlocked, its pid gone) before it creates its own
+    after = _enqueue(queue, f"{ns}-2", "progress", ns, 2)
+    await eventually(_status(after), within=10)
+    assert sorted(Path("/dev/shm").glob(f"{NAME_PREFIX}{horse}_*")) == []

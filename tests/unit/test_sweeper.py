@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from jobpulse._recovery.sweeper import StaleJob, SweeperConfig, _stale_job
+from jobpulse._recovery.tally import prune_bound
 
 
 def test_claim_reply_decodes_to_a_stale_job() -> None:
@@ -48,3 +49,14 @@ def test_missing_or_corrupt_fields_do_not_break_the_claimed_job() -> None:
 def test_config_names_the_bad_field(options: dict[str, object], error: type, name: str) -> None:
     with pytest.raises(error, match=name):
         SweeperConfig(**options)  # type: ignore[arg-type]
+
+
+def test_the_kinds_prune_stops_below_the_first_kind_that_must_stay() -> None:
+    scored = [("a", 1.0), ("b", 2.0), ("c", 3.0)]
+    assert prune_bound(scored, [0, 0, 0], cutoff_ms=50, limit=10) == "50"  # all read, all empty
+    assert prune_bound(scored, [0, 1, 0], cutoff_ms=50, limit=10) == "(2.0"  # b stays, c too
+    assert prune_bound(scored, [0, None, 0], cutoff_ms=50, limit=10) == "(2.0"  # unread: stays
+    assert prune_bound(scored, [3, 0, 0], cutoff_ms=50, limit=10) is None
+    # a capped read: kinds scored like the last one read may lie beyond it
+    assert prune_bound(scored, [0, 0, 0], cutoff_ms=50, limit=3) == "(3.0"
+    assert prune_bound([], [], cutoff_ms=50, limit=3) is None

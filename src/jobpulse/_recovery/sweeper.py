@@ -53,7 +53,7 @@ from .._protocol.keys import KeySchema
 from .._protocol.ratelimit import RateLimitedLog
 from .._protocol.scripts import SCRIPTS
 from ..errors import InvalidJobId
-from .tally import MAX_KINDS, forget_ops
+from .tally import MAX_KINDS, PRUNE_BATCH, forget_ops, prune_bound
 
 _SWEEP_SCRIPTS = (SCRIPTS.claim, SCRIPTS.unindex, SCRIPTS.tally)
 
@@ -62,6 +62,7 @@ __all__ = ["OnStale", "StaleJob", "Sweeper", "SweeperConfig", "SweeperStatistics
 log = logging.getLogger("jobpulse")
 
 ERROR_BACKOFF_MS = 60_000
+PRUNE_EVERY_MS = 60_000  # a sweeper prunes the kinds set at most once a minute (server time)
 """An entry whose state key is not a Hash (WRONGTYPE: a foreign key) is pushed this far into
 the future, so it cannot keep the front of the index busy."""
 
@@ -219,6 +220,7 @@ class Sweeper:
         self._warn = RateLimitedLog(log, clock)
         self._sweeps = self._claimed = self._alive = self._dropped = self._errors = 0
         self._round_trips = self._commands = 0
+        self._next_prune_ms = 0  # server ms of the next prune of the kinds set
 
     def statistics(self) -> SweeperStatistics:
         """The sweeper's counters."""
@@ -287,6 +289,8 @@ class Sweeper:
                 len(claimed),
                 exc,
             )
+        else:
+            await self._prune_kinds(now_ms)
         self._sweeps += 1
         self._claimed += len(claimed)
         return claimed
@@ -368,12 +372,45 @@ class Sweeper:
         if ended:
             self._round_trips += 1
             self._commands += 1
-            kinds = [_text(k) for k in await self._redis.zrange(self._schema.kinds(), 0, MAX_KINDS)]
+            # the most recently indexed first: a kind of a job that just ended is among them
+            key = self._schema.kinds()
+            kinds = [_text(k) for k in await self._redis.zrevrange(key, 0, MAX_KINDS - 1)]
         ops = forget_ops(self._schema, decided.claimed, ended, kinds, now_ms)
         if any(isinstance(reply, Exception) for reply in await self._execute(ops)):
             self._warn.warning("jobpulse sweeper: kind index cleanup failed; retried next sweep")
             decided.unresolved.update(decided.unindex)
             decided.unindex.clear()
+
+    async def _prune_kinds(self, now_ms: int) -> None:
+        """Drop kinds not indexed for ``retention`` whose index is empty (see ``tally.py``), at
+        most once a minute; a Redis fault is logged, never raised (the next prune retries)."""
+        if now_ms < self._next_prune_ms:
+            return
+        self._next_prune_ms = now_ms + PRUNE_EVERY_MS
+        key = self._schema.kinds()
+        cutoff = now_ms - math.ceil(self._cfg.retention * 1000)
+        try:
+            self._round_trips += 1
+            self._commands += 1
+            raw = await cancellable(
+                self._redis.zrange(
+                    key, "-inf", cutoff, byscore=True, offset=0, num=PRUNE_BATCH, withscores=True
+                )
+            )
+            scored = [(_text(k), float(score)) for k, score in raw]
+            if not scored:
+                return
+            replies = await self._execute([_zcard(self._schema.kind_index(k)) for k, _ in scored])
+            sizes = [None if isinstance(r, Exception) else int(r) for r in replies]
+            bound = prune_bound(scored, sizes, cutoff_ms=cutoff, limit=PRUNE_BATCH)
+            if bound is not None:
+                self._round_trips += 1
+                self._commands += 1
+                await cancellable(self._redis.zremrangebyscore(key, "-inf", bound))
+        except Exception as exc:
+            if not is_redis_fault(exc):
+                raise
+            self._warn.warning("jobpulse sweeper: pruning the kinds failed: %r", exc)
 
     async def _cleanup(self, decided: _Round) -> None:
         ops: list[Callable[[Any], object]] = []
@@ -604,6 +641,10 @@ def _zrange_byscore(shard: str, now_ms: int, batch: int) -> Callable[[Any], obje
     return lambda pipe: pipe.zrange(
         shard, "-inf", now_ms, byscore=True, offset=0, num=batch, withscores=True
     )
+
+
+def _zcard(key: str) -> Callable[[Any], object]:
+    return lambda pipe: pipe.zcard(key)
 
 
 def _command(call: calls.Call[Any]) -> Callable[[Any], object]:

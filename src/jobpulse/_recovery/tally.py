@@ -7,6 +7,13 @@ job since is spared. Both go out *before* the running-jobs index entries are dro
 fail, the running entries stay and the next sweep meets the same jobs again, so a kind entry is
 never orphaned by a sweeper dying between two steps. The claims are counted by ``tally.lua``,
 once per (job, fence), so a replayed call counts nothing twice.
+
+The kinds set (``ns:{#kinds}``, a kind scored by the deadline of its last index write) is pruned:
+a kind whose score is older than the sweeper's ``retention`` and whose index is empty leaves it
+(:func:`prune_bound`). The removal is one ``ZREMRANGEBYSCORE`` on the kinds key, bounded by the
+oldest kind that must stay, so it removes only kinds whose score has not moved since they were
+read: a job of that kind starting meanwhile writes a score in the future and is never removed
+(and one that starts between the index check and the removal writes its kind again right after).
 """
 
 from __future__ import annotations
@@ -20,10 +27,13 @@ from .._protocol.keys import KeySchema
 if TYPE_CHECKING:
     from .sweeper import StaleJob
 
-__all__ = ["MAX_KINDS", "forget_ops"]
+__all__ = ["MAX_KINDS", "PRUNE_BATCH", "forget_ops", "prune_bound"]
 
 MAX_KINDS = 1000
 """Most kinds a sweep walks for jobs that ended unseen (kinds are low-cardinality)."""
+
+PRUNE_BATCH = 1000
+"""Most kinds one prune looks at (the oldest first)."""
 
 Op = Callable[[Any], object]
 
@@ -57,3 +67,25 @@ def forget_ops(
 
 def _command(call: calls.Call[int]) -> Op:
     return lambda pipe: pipe.execute_command(*call.command())
+
+
+def prune_bound(
+    scored: list[tuple[str, float]], sizes: list[int | None], *, cutoff_ms: int, limit: int
+) -> str | None:
+    """The ``max`` of ``ZREMRANGEBYSCORE ns:{#kinds} -inf max`` that removes only old kinds with
+    an empty index, or None when nothing may go.
+
+    Args:
+        scored: the kinds scored ``<= cutoff_ms``, lowest first, as read (at most ``limit``).
+        sizes: each one's index size (``ZCARD ns:{#kind:K}``), None when it could not be read.
+        cutoff_ms: the prune's cutoff (server ms).
+        limit: how many kinds the read asked for.
+    """
+    for i, ((_, score), size) in enumerate(zip(scored, sizes, strict=True)):
+        if size != 0:  # a job is (or may be) indexed: this kind stays, and every later one
+            return None if i == 0 else f"({score!r}"
+    if not scored:
+        return None
+    if len(scored) < limit:  # every kind up to the cutoff was read
+        return str(cutoff_ms)
+    return f"({scored[-1][1]!r}"  # kinds of the last score may lie beyond the read

@@ -27,11 +27,10 @@ from __future__ import annotations
 import contextlib
 import os
 import threading
-from pathlib import Path
 from typing import Any
 
 from ..errors import JobCancelled
-from .arena import NAME_PREFIX, Block, allocate, attach, release
+from .arena import NAME_PREFIX, SHM_DIR, Block, allocate, attach, release, remove_leftovers
 from .owner import watch_owner
 
 __all__ = ["LANES", "NAME_PREFIX", "ProgressCell"]
@@ -186,42 +185,27 @@ class ProgressCell:
             self._creator = False
             release(self._block)
 
+    @staticmethod
+    def remove_leftovers(directory: str = SHM_DIR) -> list[str]:
+        """Unlink blocks left behind by jobpulse processes that no longer exist.
+
+        A block outlives its job only when the process that created it was killed before its
+        ``heartbeat`` exited, together with its resource tracker. Each process also does this
+        itself before it creates its first block. A block is removed only when no process holds
+        it locked and its creator pid is not alive. Returns the names removed (Linux keeps them
+        in ``/dev/shm``).
+        """
+        return remove_leftovers(directory)
+
     def __repr__(self) -> str:
         return (
             f"<ProgressCell {self.name} done={self.done} total={self.total} "
             f"cancelled={self.cancelled}>"
         )
 
-    @staticmethod
-    def remove_leftovers(directory: str = "/dev/shm") -> list[str]:
-        """Unlink blocks left behind by jobpulse processes that no longer exist.
-
-        A block outlives its job only when the process that created it was killed before its
-        ``heartbeat`` exited. Returns the names removed (Linux keeps them in ``/dev/shm``).
-        """
-        removed = []
-        for path in Path(directory).glob(f"{NAME_PREFIX}*"):
-            pid_text = path.name.removeprefix(NAME_PREFIX).split("_", 1)[0]
-            if not pid_text.isdigit() or _pid_alive(int(pid_text)):
-                continue
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
-                removed.append(path.name)
-        return removed
-
 
 def _slice(block: Block, index: int) -> memoryview:
     return block.view[index * _INTS : (index + 1) * _INTS]
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _check_total(total: object) -> None:

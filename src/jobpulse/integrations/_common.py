@@ -44,6 +44,7 @@ from typing import Any
 from .._protocol.keys import check_namespace
 from .._protocol.ratelimit import RateLimitedLog
 from .._worker.config import MAX_KIND_CHARS, HeartbeatConfig
+from .._worker.current import current
 from .._worker.heartbeat import JobHeartbeat, heartbeat
 from .._worker.sync_heartbeat import SyncHeartbeat
 from .._worker.sync_heartbeat import heartbeat as sync_heartbeat
@@ -241,9 +242,10 @@ async def run_in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) ->
     """Run a plain ``def`` task in the loop's default executor, as the queues run them, with
     this context (so ``jobpulse.current()`` works in the thread).
 
-    A thread cannot be cancelled: when the awaiting task is cancelled, this waits for the
-    function to return before the cancellation goes on, so two runs of a job never overlap. The
-    function stops promptly when it calls ``jobpulse.current().progress.check()``.
+    A thread cannot be cancelled: when the awaiting task is cancelled, the job's
+    ``progress.cancelled`` is set (so ``jobpulse.current().progress.check()`` raises in the
+    thread) and this waits for the function to return before the cancellation goes on, so two
+    runs of a job never overlap.
     """
     context = contextvars.copy_context()
     future = asyncio.get_running_loop().run_in_executor(
@@ -252,6 +254,9 @@ async def run_in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) ->
     try:
         return await asyncio.shield(future)
     except asyncio.CancelledError:
+        hb = current()
+        if hb is not None:  # cancelled from outside (a queue's timeout): check() raises now
+            hb.progress._cancel()
         await asyncio.wait({future})
         raise
 

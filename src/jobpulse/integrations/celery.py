@@ -24,6 +24,12 @@ the message is acked before the task runs and nothing is redelivered.
 Cancel: ``jobpulse.request_cancel()`` reaches the task through ``current().check()``, which
 raises ``JobCancelled``; Celery records the task FAILURE with that exception (acked, not
 retried unless the task's own ``autoretry_for`` says so) and jobpulse records CANCELLED.
+
+Terminate: ``revoke(task_id, terminate=True)`` SIGTERMs the prefork child running the task; the
+child's handler raises ``SystemExit`` through the body, and Celery sends ``task_postrun`` with no
+state: jobpulse records CANCELLED (a ``JobCancelled`` naming the interruption) and Celery
+REVOKED. A child killed with SIGKILL writes nothing: the job is STALE within ``ttl``, LOST once a
+sweeper claims it.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import sys
 import threading
 import time
 from typing import Any
@@ -38,6 +45,7 @@ from typing import Any
 import redis as redis_sync
 from celery import Celery, signals  # type: ignore[import-untyped]
 
+from ..errors import JobCancelled
 from ._common import PulseOptions, pulse_sync
 
 __all__ = ["instrument"]
@@ -109,11 +117,27 @@ class _Instrumented:
             stack = self.running.pop((task_id, threading.get_ident()), None)
         if stack is None:
             return
-        if state in ("FAILURE", "RETRY") and isinstance(retval, BaseException):
+        if state is None:
+            # The body never finished: Celery's tracer sends postrun from a `finally` while a
+            # BaseException leaves the task — the SystemExit of a prefork child's SIGTERM
+            # handler (revoke(terminate=True), a hard time limit), KeyboardInterrupt. Never
+            # COMPLETED: the job was stopped from outside.
+            stopped = _interrupted(sys.exc_info()[1])
+            stack.__exit__(JobCancelled, stopped, None)
+        elif state in ("FAILURE", "RETRY", "REJECTED") and isinstance(retval, BaseException):
             if not stack.__exit__(type(retval), retval, retval.__traceback__):
                 return  # the heartbeat re-raised the task's own exception: recorded FAILED
         else:
             stack.__exit__(None, None, None)
+
+
+def _interrupted(exc: BaseException | None) -> JobCancelled:
+    """The cancellation recorded for a task whose body was interrupted by ``exc``."""
+    what = "" if exc is None else f" by {type(exc).__name__}({exc})"
+    return JobCancelled(
+        f"the task was interrupted{what} before it finished: its worker process was stopped "
+        "(revoke(terminate=True) or a hard time limit)"
+    )
 
 
 def instrument(

@@ -27,6 +27,7 @@ from collections.abc import Callable
 from contextvars import ContextVar
 from typing import Any
 
+import anyio
 from redis.asyncio import Redis
 from taskiq import AsyncBroker, TaskiqMessage, TaskiqMiddleware
 from taskiq_redis import RedisStreamBroker
@@ -139,11 +140,33 @@ def _wrap(fn: Callable[..., Any], name: str, middleware: JobpulseMiddleware) -> 
         refresh = _noop
         if isinstance(broker, RedisStreamBroker):
             refresh = _EntryKeeper(broker, middleware.queue_redis, message).refresh
-        async with pulse(middleware.options, middleware.redis, message.task_id, name, refresh):
-            return await _call(fn, is_async, args, kwargs)
+
+        async def pulsed() -> Any:
+            async with pulse(middleware.options, middleware.redis, message.task_id, name, refresh):
+                return await _call(fn, is_async, args, kwargs)
+
+        return await _ended(asyncio.get_running_loop().create_task(pulsed()))
 
     setattr(run, WRAPPED, True)
     return run
+
+
+async def _ended(job: asyncio.Task[Any]) -> Any:
+    """Wait for the task's own asyncio task (body and heartbeat) to end, and pass its outcome on.
+
+    taskiq's ``timeout`` label cancels through an anyio cancel scope, which cancels the task
+    again at every ``await`` until it leaves the scope: the heartbeat's final write would be
+    cancelled too (the job left STALE instead of CANCELLED). So the body runs in a task of its
+    own; a cancellation of this one cancels it once and waits, shielded, for its heartbeat to
+    write the end, then goes on.
+    """
+    try:
+        return await asyncio.shield(job)
+    except asyncio.CancelledError:
+        job.cancel()
+        with anyio.CancelScope(shield=True):
+            await asyncio.wait({job})
+        raise
 
 
 async def _call(fn: Callable[..., Any], is_async: bool, args: Any, kwargs: Any) -> Any:
