@@ -34,7 +34,9 @@ __all__ = [
     "ClaimCode",
     "FinishCode",
     "ack",
+    "BEAT_FIELDS",
     "acquire",
+    "beat",
     "cancel",
     "claim",
     "decode_beat",
@@ -119,8 +121,47 @@ def text(value: Any) -> str:
 
 
 def decode_beat(reply: Any) -> BeatReply:
+    """``beat.lua``'s reply: one integer (``now_ms * 8 + code * 2 + cancel``, or a negative
+    code), or ``{0, cancel, now_ms, snapshot_seq}`` when the snapshot holds a newer seq."""
+    if isinstance(reply, int):
+        if reply < 0:
+            return BeatReply(BeatCode(reply), False, 0, 0)
+        return BeatReply(BeatCode((reply >> 1) & 3), reply & 1 == 1, reply >> 3, 0)
     code, cancel, now_ms, snapshot_seq = (int(x) for x in reply[:4])
     return BeatReply(BeatCode(code), cancel == 1, now_ms, snapshot_seq)
+
+
+BEAT_FIELDS = ("done", "total", "stage", "rate", "eta_s", "rss_bytes", "cpu_s", "loop_lag_ms")
+"""``beat.lua``'s dynamic fields, in the order its ARGV[5] digits (1-8) name them."""
+
+
+def beat(
+    keys: tuple[str, ...],
+    *,
+    token: str,
+    fence: int,
+    ttl_ms: int,
+    seq: int,
+    fields: dict[str, Any],
+    event: tuple[str, str, int] | None = None,
+    pairs: Sequence[Any] = (),
+) -> Call[BeatReply]:
+    """One beat (``beat.lua``), for tests and tools; the tickers build the same command
+    themselves (``BeatMachine.next_beat``, pre-encoded). ``fields``: the dynamic fields to
+    write (names of :data:`BEAT_FIELDS`; with ``event``, done, total and stage are expected);
+    ``event``: ``(kind, details, maxlen)`` of a stream entry; ``pairs``: static field, value
+    pairs."""
+    unknown = set(fields) - set(BEAT_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown beat field(s): {', '.join(sorted(unknown))}")
+    present = [i for i, name in enumerate(BEAT_FIELDS) if name in fields]
+    names = "".join(str(i + 1) for i in present) + ("+" if event else "")
+    args: list[Any] = [token, fence, ttl_ms, seq, names]
+    args += [fields[BEAT_FIELDS[i]] for i in present]
+    if event:
+        args += list(event)
+    args += list(pairs)
+    return Call(SCRIPTS.beat, keys, tuple(args), decode_beat)
 
 
 def _decode_acquire(reply: Any) -> AcquireReply:

@@ -41,6 +41,9 @@ ACQUIRE_RETRY_CAP = 0.5
 
 H = TypeVar("H")
 
+_ALL = range(len(calls.BEAT_FIELDS))
+_DIGITS = "12345678"  # beat.lua's names of the dynamic fields (ARGV[5])
+
 _LOST_CAUSE = {BeatCode.TAKEN_OVER: LeaseLostCause.TAKEN_OVER}
 _FINISH_LOST = {FinishCode.TAKEN_OVER: LeaseLostCause.TAKEN_OVER}
 
@@ -142,6 +145,10 @@ class BeatMachine(Generic[H]):
         # replay and the checkpoint is recorded once
         self._replay: tuple[int, tuple[str, H]] | None = None
         self._head: list[bytes] = []
+        # the dynamic values the snapshot is known to hold (None: unknown, sent next beat) and
+        # (values, indexes sent, seq reused) of the beat in flight
+        self._known: list[str | None] = [None] * len(_ALL)
+        self._sent: tuple[list[str], list[int], bool] | None = None
         self._resend_static = False
         self._last_event_beat = 0
         self._rate = RateWindow()
@@ -183,6 +190,7 @@ class BeatMachine(Generic[H]):
         # What every beat starts with, encoded once (redis-py passes bytes through as they are).
         head = (SCRIPTS.beat.sha, 5, *self.keys, self.token, self.fence, self.cfg.ttl_ms)
         self._head = [str(x).encode() for x in head]
+        self._known = [None] * len(_ALL)  # the first beat sends every field
         self.due = sent_at + self.cfg.interval
 
     def acquire_timeout_text(self, enrolled: bool, fault: BaseException | None = None) -> str:
@@ -245,10 +253,20 @@ class BeatMachine(Generic[H]):
             self._stage_changed = False
         self._inflight = (kind, checkpoint)
         replay, self._replay = self._replay, None
-        if not (replay and checkpoint is replay[1] and self.seq == replay[0]):
+        reused = bool(replay and checkpoint is replay[1] and self.seq == replay[0])
+        if not reused:
             self.seq += 1
-        args: list[Any] = ["EVALSHA", *self._head, self.seq, kind, details, self.cfg.maxlen]
-        args += self._dynamic(done, total, sample, lag, now)
+        values = self._dynamic(done, total, sample, lag, now)
+        # only the fields that differ from what the snapshot is known to hold (an entry also
+        # carries done, total and stage)
+        known = self._known
+        present = [i for i in _ALL if values[i] != known[i] or (kind and i < 3)]
+        names = "".join([_DIGITS[i] for i in present])
+        args: list[Any] = ["EVALSHA", *self._head, self.seq, names + "+" if kind else names]
+        args += [values[i] for i in present]
+        if kind:
+            args += [kind, details, self.cfg.maxlen]
+        self._sent = (values, present, reused)
         if checkpoint is not None:
             self._last_checkpoint = details
             args += ["checkpoint", details]
@@ -275,6 +293,7 @@ class BeatMachine(Generic[H]):
         """Take a beat's reply (``ended``: the final write has begun and decides instead)."""
         verdict: ReplyVerdict[H] = ReplyVerdict()
         inflight, self._inflight = self._inflight, None
+        sent, self._sent = self._sent, None
         if ended:
             return verdict
         handle = inflight[1][1] if inflight and inflight[1] else None
@@ -293,10 +312,17 @@ class BeatMachine(Generic[H]):
         if reply.code is BeatCode.SEQ_BEHIND:
             self.seq = max(self.seq, reply.snapshot_seq)
             self._requeue(inflight)
+            self._known = [None] * len(_ALL)  # a newer snapshot we did not see: resend all
             due = sent_at
         else:
             self.written += 1
             self._resend_static = reply.code is BeatCode.RESEND_STATIC
+            if self._resend_static:  # an empty snapshot got only the fields sent
+                self._known = [None] * len(_ALL)
+            if sent is not None:
+                values, present, reused = sent
+                for i in present:  # a reused seq may be a replay: what it sent is unknown
+                    self._known[i] = None if reused else values[i]
             if self._resend_static:
                 due = sent_at  # resend the static fields at once
             verdict.resolved = handle
@@ -314,6 +340,10 @@ class BeatMachine(Generic[H]):
         if ended:
             return
         self.failed += 1
+        sent, self._sent = self._sent, None
+        if sent is not None:  # written or not: unknown, sent again
+            for i in sent[1]:
+                self._known[i] = None
         if inflight is not None and inflight[1] is not None:
             self._replay = (self.seq, inflight[1])
         self._requeue(inflight)

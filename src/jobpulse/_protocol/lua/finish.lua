@@ -1,4 +1,4 @@
---! include: _clock _lib
+--! include: _clock _owner _lib
 --[[ finish.lua — the final write and the release, owner-checked, written once.
 
   KEYS[1..5] state, events, lease, alive, fence (see _lib.lua)
