@@ -106,11 +106,13 @@ async def test_snapshot_write_with_an_older_seq_is_refused(redis: aioredis.Redis
         def at(n: int) -> calls.Call[calls.BeatReply]:
             return calls.beat(
                 keys.all(),
-                token=token,
-                fence=hb.fence,
-                ttl_ms=5000,
-                seq=n,
-                fields={"done": "999", "stage": "late"},
+                calls.beat_segment(
+                    token=token,
+                    fence=hb.fence,
+                    ttl_ms=5000,
+                    seq=n,
+                    fields={"done": "999", "stage": "late"},
+                ),
             )
 
         stale = await calls.run(redis, at(seq - 1))

@@ -296,13 +296,15 @@ async def test_a_replayed_beat_answers_as_written_and_writes_nothing_again(
     def at(n: int) -> calls.Call[calls.BeatReply]:
         return calls.beat(
             keys.all(),
-            token="tok",
-            fence=fence,
-            ttl_ms=60_000,
-            seq=n,
-            fields={"done": "5", "total": "", "stage": ""},
-            event=("checkpoint", '{"a":1}', 100),
-            pairs=("checkpoint", '{"a":1}'),
+            calls.beat_segment(
+                token="tok",
+                fence=fence,
+                ttl_ms=60_000,
+                seq=n,
+                fields={"done": "5", "total": "", "stage": ""},
+                event=("checkpoint", '{"a":1}', 100),
+                pairs=("checkpoint", '{"a":1}'),
+            ),
         )
 
     first = await calls.run(client, at(seq))

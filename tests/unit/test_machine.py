@@ -13,7 +13,7 @@ from jobpulse._protocol import calls
 from jobpulse._protocol.calls import AcquireCode, AcquireReply, BeatCode, BeatReply, FinishCode
 from jobpulse._protocol.codec import DYNAMIC_FIELDS
 from jobpulse._worker.machine import BeatMachine
-from jobpulse._worker.plan import BeatPlan
+from jobpulse._worker.plan import BATCH, BeatPlan, beat_calls
 from jobpulse._worker.sampling import ProcessSample
 
 SAMPLE = ProcessSample(rss_bytes=1000, cpu_seconds=0.5)
@@ -37,8 +37,8 @@ def written(seq: int = 0, cancel: bool = False) -> BeatReply:
 
 def parse(args: list[Any]) -> tuple[int, dict[str, str], tuple[Any, ...] | None, list[Any]]:
     """A beat command as (seq, fields sent, event (kind, details, maxlen) or None, pairs)."""
-    assert args[0] == "EVALSHA"
-    seq, names, rest = args[11], args[12], args[13:]  # after EVALSHA sha 5 keys*5 token fence ttl
+    assert args[0] == len(args) - 1  # the segment's length, then token fence ttl
+    seq, names, rest = args[4], args[5], args[6:]
     digits = names.rstrip("+")
     fields = {calls.BEAT_FIELDS[int(d) - 1]: rest[i] for i, d in enumerate(digits)}
     rest = rest[len(digits) :]
@@ -69,7 +69,6 @@ def test_first_beat_is_due_one_interval_after_the_acquire_and_seq_grows() -> Non
     m = machine()
     assert m.due == 101.0
     args = m.next_beat(101.0, 0.0, SAMPLE, 5, None)
-    assert args[0] == "EVALSHA"
     assert parse(args)[0] == 1
     assert not m.ready  # one beat in flight at a time
     m.replied(101.0, written(), ended=False)
@@ -316,4 +315,36 @@ def test_beat_replies_decode_from_one_integer_or_the_seq_behind_array() -> None:
     assert calls.decode_beat(-2) == BeatReply(BeatCode.FENCED_OUT, False, 0, 0)
     assert calls.decode_beat([0, 1, 5000, 40]) == BeatReply(BeatCode.SEQ_BEHIND, True, 5000, 40)
     with pytest.raises(ValueError, match="unknown beat field"):
-        calls.beat(("k",) * 5, token="t", fence=1, ttl_ms=1, seq=1, fields={"nope": "1"})
+        calls.beat_segment(token="t", fence=1, ttl_ms=1, seq=1, fields={"nope": "1"})
+
+
+class _Beating:
+    def __init__(self, job_id: str) -> None:
+        self.machine = machine_for(job_id)
+
+
+def machine_for(job_id: str) -> BeatMachine[str]:
+    m: BeatMachine[str] = BeatMachine(
+        job_id, total=None, interval=1.0, ttl=6.0, namespace="t", meta=None, kind="",
+        worker="w", stream_every=10, maxlen=1000, retention=3600.0, max_meta_bytes=65536,
+        max_details_bytes=65536, final_timeout=30.0, index_every=10, index_shards=1,
+    )  # fmt: skip
+    m.acquired(AcquireReply(AcquireCode.STARTED, 3, 1, 0, "", 1000), sent_at=100.0)
+    return m
+
+
+def test_beats_are_batched_per_call_and_per_hash_slot_on_a_cluster() -> None:
+    jobs = [_Beating(f"j{i}") for i in range(BATCH + 6)]
+    beats = [(job, job.machine.next_beat(101.0, 0.0, SAMPLE, 0, None)) for job in jobs]
+    single = beat_calls(beats, None)  # type: ignore[type-var]
+    assert [len(js) for js, _ in single] == [BATCH, 6]
+    command = single[1][1]
+    assert command[:3] == ["EVALSHA", calls.SCRIPTS.beat.sha, 30]
+    assert command[3:8] == list(jobs[BATCH].machine.beat_keys)
+    assert command[33:] == [*beats[BATCH][1], *[a for _, seg in beats[BATCH + 1 :] for a in seg]]
+    by_slot = beat_calls(beats, lambda key: len(key) % 2)  # type: ignore[type-var]
+    for group, _command in by_slot:
+        assert len({len(job.machine.beat_keys[0]) % 2 for job in group}) == 1
+    assert sorted(len(js) for js, _ in by_slot) == sorted(
+        [sum(1 for j in jobs if len(j.machine.beat_keys[0]) % 2 == p) for p in (0, 1)]
+    )

@@ -26,7 +26,6 @@ from .._protocol import calls
 from .._protocol.calls import AcquireCode, AcquireReply, BeatCode, BeatReply, FinishCode
 from .._protocol.codec import dump_json, fmt_float, fmt_int, load_json
 from .._protocol.keys import KeySchema, check_job_id
-from .._protocol.scripts import SCRIPTS
 from ..errors import JobBusy, LeaseLostCause
 from .config import MAX_ERROR_CHARS, HeartbeatConfig, check_kind, check_stage, check_total
 from .lease import Lease
@@ -42,7 +41,7 @@ ACQUIRE_RETRY_CAP = 0.5
 H = TypeVar("H")
 
 _ALL = range(len(calls.BEAT_FIELDS))
-_DIGITS = "12345678"  # beat.lua's names of the dynamic fields (ARGV[5])
+_DIGITS = calls.BEAT_DIGITS
 
 _LOST_CAUSE = {BeatCode.TAKEN_OVER: LeaseLostCause.TAKEN_OVER}
 _FINISH_LOST = {FinishCode.TAKEN_OVER: LeaseLostCause.TAKEN_OVER}
@@ -145,6 +144,7 @@ class BeatMachine(Generic[H]):
         # replay and the checkpoint is recorded once
         self._replay: tuple[int, tuple[str, H]] | None = None
         self._head: list[bytes] = []
+        self.beat_keys: tuple[bytes, ...] = ()
         # the dynamic values the snapshot is known to hold (None: unknown, sent next beat) and
         # (values, indexes sent, seq reused) of the beat in flight
         self._known: list[str | None] = [None] * len(_ALL)
@@ -187,9 +187,9 @@ class BeatMachine(Generic[H]):
         self._last_checkpoint = reply.resume
         self.started_ms = reply.started_ms
         self.lease = Lease(self.cfg.ttl, sent_at)
-        # What every beat starts with, encoded once (redis-py passes bytes through as they are).
-        head = (SCRIPTS.beat.sha, 5, *self.keys, self.token, self.fence, self.cfg.ttl_ms)
-        self._head = [str(x).encode() for x in head]
+        # What every beat carries unchanged, encoded once (redis-py passes bytes through).
+        self.beat_keys = tuple(k.encode() for k in self.keys)
+        self._head = [str(x).encode() for x in (self.token, self.fence, self.cfg.ttl_ms)]
         self._known = [None] * len(_ALL)  # the first beat sends every field
         self.due = sent_at + self.cfg.interval
 
@@ -238,7 +238,8 @@ class BeatMachine(Generic[H]):
     def next_beat(
         self, now: float, lag: float, sample: ProcessSample, done: int, total: int | None
     ) -> list[Any]:
-        """Build the next beat (the ``EVALSHA`` command) and mark it in flight."""
+        """Build the next beat (this job's segment of a ``beat.lua`` call: see
+        ``calls.beat_command``) and mark it in flight."""
         kind, details, checkpoint = "", "", None
         self.beats += 1
         if self._checkpoints:
@@ -262,7 +263,7 @@ class BeatMachine(Generic[H]):
         known = self._known
         present = [i for i in _ALL if values[i] != known[i] or (kind and i < 3)]
         names = "".join([_DIGITS[i] for i in present])
-        args: list[Any] = ["EVALSHA", *self._head, self.seq, names + "+" if kind else names]
+        args: list[Any] = [0, *self._head, self.seq, names + "+" if kind else names]
         args += [values[i] for i in present]
         if kind:
             args += [kind, details, self.cfg.maxlen]
@@ -272,6 +273,7 @@ class BeatMachine(Generic[H]):
             args += ["checkpoint", details]
         if self._resend_static:
             args += self._static_pairs()
+        args[0] = len(args) - 1
         return args
 
     def index_due(self) -> bool:
