@@ -95,6 +95,7 @@ def back_to_back(url: str, probe: Probe, count: int) -> dict[str, float]:
     scripts' intrinsic cost, without the idle gaps of a paced heartbeat."""
     import redis
 
+    from jobpulse._protocol import calls
     from jobpulse._protocol.keys import KeySchema
     from jobpulse._protocol.scripts import SCRIPTS
 
@@ -115,9 +116,17 @@ def back_to_back(url: str, probe: Probe, count: int) -> dict[str, float]:
             for i in range(count):
                 if name == "jobpulse":
                     seq += 1
-                    client.evalsha(SCRIPTS.beat.sha, 5, *keys, "tok", fence, 6000, seq,
-                                   "beat" if i % 10 == 0 else "", "", 1000, i, 1000000, "s",
-                                   "12.5", "80.0", "61120512", "0.34", "0.8")  # fmt: skip
+                    # what moves between two beats (an entry also carries total and stage)
+                    fields: dict[str, Any] = {"done": i, "rate": "12.5", "eta_s": "80.0"}
+                    fields.update(cpu_s="0.34", loop_lag_ms="0.8")
+                    event: tuple[str, str, int] | None = None
+                    if i % 10 == 0:
+                        fields.update(total=1000000, stage="s")
+                        event = ("beat", "", 1000)
+                    segment = calls.beat_segment(
+                        token="tok", fence=fence, ttl_ms=6000, seq=seq, fields=fields, event=event
+                    )
+                    client.execute_command(*calls.beat_command([(keys, segment)]))
                 else:
                     renew(keys=[f"lock:job:{job}"], args=["tok", 6000])
                     pipe = client.pipeline(transaction=False)

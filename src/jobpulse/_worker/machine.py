@@ -103,6 +103,7 @@ class BeatMachine(Generic[H]):
         self.job_id = check_job_id(job_id)
         self.schema = KeySchema(namespace, index_shards)
         self.keys = self.schema.job(job_id).all()
+        self.index_shard = self.schema.index_for(job_id)  # the running-index shard of the job
         self.cfg = HeartbeatConfig(
             interval=interval,
             ttl=ttl,
@@ -154,10 +155,6 @@ class BeatMachine(Generic[H]):
         self._rate = RateWindow()
 
     # -- acquire ------------------------------------------------------------------------------
-
-    @property
-    def index_shard(self) -> str:
-        return self.schema.index_for(self.job_id)
 
     def enroll_call(self) -> calls.Call[int]:
         return calls.enroll(self.index_shard, self.job_id, int(self.cfg.index_horizon * 1000))
@@ -260,8 +257,11 @@ class BeatMachine(Generic[H]):
         values = self._dynamic(done, total, sample, lag, now)
         # only the fields that differ from what the snapshot is known to hold (an entry also
         # carries done, total and stage)
-        known = self._known
-        present = [i for i in _ALL if values[i] != known[i] or (kind and i < 3)]
+        present = [
+            i for i, value, old in zip(_ALL, values, self._known, strict=True) if value != old
+        ]
+        if kind and present[:3] != [0, 1, 2]:
+            present = sorted({0, 1, 2, *present})
         names = "".join([_DIGITS[i] for i in present])
         args: list[Any] = [0, *self._head, self.seq, names + "+" if kind else names]
         args += [values[i] for i in present]
@@ -456,15 +456,18 @@ class BeatMachine(Generic[H]):
         done = max(done, 0)
         if now is not None:
             self._rate.add(now, done)
+        rate = self._rate.rate()
+        eta = self._rate.eta(done, total, rate)
+        rss, cpu, lag_ms = _shared_text(sample, lag)
         return [
             str(done),
             fmt_int(total),
             self.stage,
-            fmt_float(self._rate.rate()),
-            fmt_float(self._rate.eta(done, total), 1),
-            "" if sample is None else str(sample.rss_bytes),
-            "" if sample is None else fmt_float(sample.cpu_seconds),
-            fmt_float(lag * 1000, 1),
+            fmt_float(rate),
+            fmt_float(eta, 1),
+            rss,
+            cpu,
+            lag_ms,
         ]
 
     def _static_pairs(self) -> list[Any]:
@@ -479,6 +482,23 @@ class BeatMachine(Generic[H]):
             f"<{name} job={self.job_id} fence={self.fence} attempt={self.attempt} "
             f"seq={self.seq} lease={self.lease}>"
         )
+
+
+_SHARED: list[tuple[ProcessSample | None, float, tuple[str, str, str]]] = [
+    (None, 0.0, ("", "", "0"))
+]
+
+
+def _shared_text(sample: ProcessSample | None, lag: float) -> tuple[str, str, str]:
+    """The texts of the process sample and the loop lag: every job of a tick beats with the
+    same two, so they are formatted once per tick, not once per job (a one-entry cache, read
+    and replaced whole, so threads sharing it never mix two entries)."""
+    entry = _SHARED[0]
+    if entry[0] is not sample or entry[1] != lag:
+        rss = "" if sample is None else str(sample.rss_bytes)
+        cpu = "" if sample is None else fmt_float(sample.cpu_seconds)
+        entry = _SHARED[0] = (sample, lag, (rss, cpu, fmt_float(lag * 1000, 1)))
+    return entry[2]
 
 
 def error_text(exc: BaseException) -> str:

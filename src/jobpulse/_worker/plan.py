@@ -183,7 +183,7 @@ def settle_beats(
             settled.index_failure = result
         else:
             refreshed.add(key)
-    for jobs in batches:  # what the job's conditional unindex may remove at its end
+    for jobs in batches if refreshed else ():  # what a job's conditional unindex may remove
         for job in jobs:
             m = job.machine
             if m.index_shard in refreshed:
