@@ -402,6 +402,9 @@ def merge(found: dict[str, dict[str, Any]]) -> None:
             f"`RawValue` store's {_f(prog.get('rawvalue_ns'), 0)} ns; a ~10 µs/item loop slows "
             f"{100 * (slow or 0):.1f} % (goal < 1 %)."
         )
+    for row in rows[-3:]:  # the merged rows: no "before the diet" figure of their own here
+        if len(row) < len(table["columns"]):
+            row.insert(2, "")
     beat_peers = ((found.get("beat") or {}).get("data") or {}).get("peers") or {}
     others = [
         f"{name} {res['server_us']:.1f}"

@@ -13,7 +13,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.crc import key_slot
 from redis.exceptions import ResponseError
 
-from jobpulse import heartbeat
+from jobpulse import heartbeat, script_time
 from jobpulse._protocol import calls
 from jobpulse._protocol.calls import BeatCode, BeatReply
 from jobpulse._protocol.keys import JobKeys, KeySchema
@@ -140,3 +140,24 @@ async def test_the_ticker_beats_jobs_due_together_in_one_call(
 
 async def _all_running(client: aioredis.Redis, n: int) -> bool:
     return await client.zcard(KeySchema().index(0)) == n
+
+
+async def test_a_batch_in_argument_time_writes_every_job_at_the_stamped_time(
+    client: AnyRedis, ns: str
+) -> None:
+    """A server that refuses TIME in scripts: the batch takes the time as its last argument
+    (one for all its jobs), each job's segment unchanged."""
+    clock = script_time(client, mode="argument", time_command=None)  # the local wall clock
+    schema = KeySchema(ns)
+    jobs = [schema.job(i) for i in same_slot_ids(3)]
+    state = {k: await started(client, k) for k in jobs}
+    batch = [(k.all(), segment(state[k][0], state[k][1] + 1, "4")) for k in jobs]
+    before = clock.now_ms()
+    replies = await calls.run(client, calls.beats(batch))
+    after = clock.now_ms()
+    for keys, reply in zip(jobs, replies, strict=True):
+        assert isinstance(reply, BeatReply)
+        assert reply.code is BeatCode.WRITTEN
+        assert before <= reply.now_ms <= after
+        assert int(await client.hget(keys.state, "heartbeat_ms")) == reply.now_ms
+        assert await client.hget(keys.state, "done") == b"4"
