@@ -17,7 +17,7 @@ from jobpulse import heartbeat, script_time
 from jobpulse._protocol import calls
 from jobpulse._protocol.calls import BeatCode, BeatReply
 from jobpulse._protocol.keys import JobKeys, KeySchema
-from jobpulse._provision import RedisServer
+from jobpulse._provision import LocalCluster, RedisServer
 
 from ..support import eventually
 
@@ -161,3 +161,35 @@ async def test_a_batch_in_argument_time_writes_every_job_at_the_stamped_time(
         assert before <= reply.now_ms <= after
         assert int(await client.hget(keys.state, "heartbeat_ms")) == reply.now_ms
         assert await client.hget(keys.state, "done") == b"4"
+
+
+async def test_jobs_of_one_slot_beat_together_through_a_cluster_pipeline(
+    redis_cluster: LocalCluster, ns: str
+) -> None:
+    """On a cluster the ticker groups due jobs by hash slot: jobs whose ids share a slot go in
+    one call (its keys all in that slot, as the cluster pipeline requires), the others alone."""
+    client = RedisCluster.from_url(redis_cluster.url)
+    ids = [*same_slot_ids(3), "alone-1", "alone-2"]
+    release = asyncio.Event()
+
+    async def job(job_id: str) -> tuple[int, int]:
+        async with heartbeat(client, job_id, namespace=ns, interval=0.05, ttl=2.0) as hb:
+            await release.wait()
+            hb.progress.set(9)
+            await hb.checkpoint(step=1)  # a beat answered as written after the set
+        stats = hb.statistics()
+        return stats.beats_written, stats.beats_failed
+
+    try:
+        await client.script_load(calls.SCRIPTS.beat.text)  # on every master: no NOSCRIPT retry
+        tasks = [asyncio.create_task(job(i)) for i in ids]
+        await asyncio.sleep(0.6)  # about ten beats each, the same-slot ones sharing calls
+        release.set()
+        results = await asyncio.gather(*tasks)
+        for job_id, (written, failed) in zip(ids, results, strict=True):
+            assert written >= 5, job_id
+            assert failed == 0, job_id
+            state = await client.hgetall(KeySchema(ns).state(job_id))
+            assert (state[b"status"], state[b"done"]) == (b"COMPLETED", b"9"), job_id
+    finally:
+        await client.aclose()
