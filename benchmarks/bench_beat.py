@@ -95,6 +95,7 @@ def back_to_back(url: str, probe: Probe, count: int) -> dict[str, float]:
     scripts' intrinsic cost, without the idle gaps of a paced heartbeat."""
     import redis
 
+    from jobpulse._protocol import calls
     from jobpulse._protocol.keys import KeySchema
     from jobpulse._protocol.scripts import SCRIPTS
 
@@ -115,9 +116,17 @@ def back_to_back(url: str, probe: Probe, count: int) -> dict[str, float]:
             for i in range(count):
                 if name == "jobpulse":
                     seq += 1
-                    client.evalsha(SCRIPTS.beat.sha, 5, *keys, "tok", fence, 6000, seq,
-                                   "beat" if i % 10 == 0 else "", "", 1000, i, 1000000, "s",
-                                   "12.5", "80.0", "61120512", "0.34", "0.8")  # fmt: skip
+                    # what moves between two beats (an entry also carries total and stage)
+                    fields: dict[str, Any] = {"done": i, "rate": "12.5", "eta_s": "80.0"}
+                    fields.update(cpu_s="0.34", loop_lag_ms="0.8")
+                    event: tuple[str, str, int] | None = None
+                    if i % 10 == 0:
+                        fields.update(total=1000000, stage="s")
+                        event = ("beat", "", 1000)
+                    segment = calls.beat_segment(
+                        token="tok", fence=fence, ttl_ms=6000, seq=seq, fields=fields, event=event
+                    )
+                    client.execute_command(*calls.beat_command([(keys, segment)]))
                 else:
                     renew(keys=[f"lock:job:{job}"], args=["tok", 6000])
                     pipe = client.pipeline(transaction=False)
@@ -186,14 +195,14 @@ def run(quick: bool = False) -> dict[str, Any]:
         ["top-level commands per beat", _fmt(jp["commands"], 3), _fmt(sd["commands"], 3),
          _fmt(ratio(jp["commands"], sd["commands"]), 2), "1 (+ZADD every 10th)",
          goal(evalsha_server <= 1.01)],
-        ["EVALSHA per beat (server count / beats sent)", _fmt(evalsha_server, 3), "1.000", "",
-         "1", goal(abs(evalsha_server - 1) < 0.02)],
+        ["EVALSHA per beat (server count / beats sent; a call beats a batch)",
+         _fmt(evalsha_server, 3), "1.000", "", "≤ 1", goal(evalsha_server <= 1.01)],
         ["ZADD per beat (index refresh, amortised)", _fmt(zadd, 3), "0", "", "0.1", ""],
         ["server µs per beat (all top-level commands)", _fmt(jp["server_us"]),
          _fmt(sd["server_us"]), _fmt(ratio(jp["server_us"], sd["server_us"]), 2), "≤ 25",
          goal(jp["server_us"] <= GOALS["server_us"])],
-        ["server µs per EVALSHA (`cmdstat_evalsha` usec_per_call)", _fmt(evalsha_us), "", "",
-         "≤ 25", goal(evalsha_us <= GOALS["server_us"])],
+        ["server µs per EVALSHA (`cmdstat_evalsha` usec_per_call, a batch of beats)",
+         _fmt(evalsha_us), "", "", "", ""],
         ["server µs per beat, beats back to back (warm caches)",
          _fmt(median([h["jobpulse"] for h in hot])), _fmt(median([h["seed"] for h in hot])),
          _fmt(ratio(median([h["jobpulse"] for h in hot]), median([h["seed"] for h in hot])), 2),
@@ -233,9 +242,9 @@ def run(quick: bool = False) -> dict[str, Any]:
             f"Server time per beat: jobpulse {jp['server_us']:.1f} µs vs the seed's "
             f"{sd['server_us']:.1f} µs ({ratio(jp['server_us'], sd['server_us']):.1f}x) at a "
             f"paced load, {median([h['jobpulse'] for h in hot]):.1f} vs "
-            f"{median([h['seed'] for h in hot]):.1f} µs back to back. The one script checks "
+            f"{median([h['seed'] for h in hot]):.1f} µs back to back. Per job the script checks "
             "the lease (GET, PEXPIRE), refreshes the alive key, reads seq, cancel and done (one "
-            "HMGET), asks TIME and writes the snapshot (one HSET of ~11 fields): "
+            "HMGET) and writes the fields that changed (one HSET); TIME once per call: "
             f"{jp['inner_calls']:.1f} calls inside Redis per beat "
             f"against the seed's {sd['inner_calls']:.0f} plus its HSET and EXPIRE, and Lua "
             "call overhead on each. The seed buys its lower server time with a second round "
@@ -245,10 +254,9 @@ def run(quick: bool = False) -> dict[str, Any]:
         )
     if bytes_total > GOALS["bytes"]:
         findings.append(
-            f"Bytes per beat: {bytes_total:.0f} in + out (goal ≤ 400): the EVALSHA carries five "
-            "keys and 15 positional values (the SHA alone is 40 bytes, each key repeats the "
-            "namespace and the job id) and the reply is a 4-element array, where the seed's "
-            "three commands answer with integers."
+            f"Bytes per beat: {bytes_total:.0f} in + out (goal ≤ 400): each job's five keys "
+            "repeat the namespace and the job id, and a lone job's call carries the 40-byte SHA; "
+            "the values are only the fields that changed, and the reply one integer per job."
         )
     for name, res in peer_results.items():
         if "skipped" in res:
@@ -280,10 +288,11 @@ def run(quick: bool = False) -> dict[str, Any]:
                 "columns": ["figure", "jobpulse", "seed", "ratio", "goal", "met"],
                 "rows": rows,
                 "note": (
-                    "jobpulse's ticker pipelines the beats of all due jobs, so round trips per "
-                    "beat fall below 1 when many jobs share a tick; each beat is still exactly one "
-                    "EVALSHA, i.e. one round trip of its own for a lone job. Server µs counts each "
-                    "top-level command once (a script's time includes the calls it makes)."
+                    "jobpulse's ticker pipelines the beats of all due jobs and lets one EVALSHA "
+                    "beat up to 64 of them, so round trips and EVALSHAs per beat fall below 1 "
+                    "when many jobs share a tick; a lone job's beat is one EVALSHA, one round "
+                    "trip. Server µs counts each top-level command once (a script's time "
+                    "includes the calls it makes)."
                 ),
             },
             {
@@ -330,7 +339,7 @@ def run(quick: bool = False) -> dict[str, Any]:
         },
         "findings": findings,
         "goals": {
-            "one EVALSHA per beat": abs(evalsha_server - 1) < 0.02,
+            "at most one EVALSHA per beat": evalsha_server <= 1.01,
             "server µs per beat ≤ 25": jp["server_us"] <= GOALS["server_us"],
             "bytes per beat ≤ 400": bytes_total <= GOALS["bytes"],
         },

@@ -1,10 +1,11 @@
-"""Issue 19's goals, each measured beside the seed and the peers in the same run (before the
-beat diet, so that the diet can be measured against it).
+"""Issue 19's goals after the beat diet, each measured beside the seed and the peers in the same
+run, and what a beat's server time is made of.
 
 1. Server µs per beat of one job (`INFO commandstats`, top-level commands the client sent),
    back to back and paced (a beat every 20 ms), jobpulse's public `heartbeat()` (back to back:
-   `interval=0.001`, the next beat leaves once the previous one is answered; its index refresh
-   and every-10th stream entry included) vs the seed's beat vs BullMQ's `job.updateProgress`
+   `interval=1e-5`, the next beat leaves as soon as the previous one is answered, as the seed's
+   loop does; its index refresh and every-10th stream entry included) vs the seed's beat vs
+   BullMQ's `job.updateProgress`
    + `job.extendLock` (`benchmarks/bullmq.py`); bytes in + out per beat from the same windows.
 2. Redis CPU µs per update with 1,000 jobs at once at 1 Hz: `used_cpu_sys + used_cpu_user`
    delta of the private server divided by the updates (`benchmarks/load.py`).
@@ -13,6 +14,10 @@ beat diet, so that the diet can be measured against it).
    (commandstats) over the server's CPU seconds (INFO) in the same window.
 4. Heartbeat client CPU per 1,000 beats/s at 2,000 and 10,000 jobs at 1 Hz, minus the CPU of the
    same job bodies run without a heartbeat; raw pipelined hiredis (`floor`) as the floor.
+5. What a beat's server time is made of (ablation): variants of a script, each run on a private
+   server against a realistic snapshot (18 fields), pipelined (hot caches) and one call per
+   round trip with a 1 ms idle gap (cold caches, as a lone job's beats are); `usec_per_call`
+   of `INFO commandstats`; the real `beat.lua` per job in batches of 1 and 64.
 
 The read, watch and `ProgressCell` rows come from the `read`, `reader` and `progress`
 benchmarks of the same run (`merge()` in `benchmarks/goals_report.py`, called by the report).
@@ -56,14 +61,14 @@ def _per_beat(cost: UpdateCost, beats: int) -> dict[str, float]:
 
 
 async def _jobpulse_one(url: str, probe: Probe, pace: float, seconds: float) -> dict[str, float]:
-    """One job under the public `heartbeat()`; pace 0 means the ticker's floor (1 ms), i.e.
-    the next beat leaves as soon as the previous one is answered."""
+    """One job under the public `heartbeat()`; pace 0 means back to back (interval 1e-5: the
+    next beat is due before the previous one is answered, so it leaves on the reply)."""
     import redis.asyncio as aioredis
 
     from jobpulse import heartbeat
 
     client = aioredis.Redis.from_url(url)
-    interval = pace or 0.001
+    interval = pace or 1e-5
     async with heartbeat(
         client,
         f"one-{next(_IDS):06d}",
@@ -292,6 +297,98 @@ def saturate(design: str, max_procs: int, seconds: float) -> dict[str, Any]:
     return {"steps": steps, "best": best}
 
 
+# -- 5. ablation: where a beat's server time goes ----------------------------------------------
+
+_SNAPSHOT = {"status": "RUNNING", "stage": "", "done": "100", "total": "1000000000",
+             "rate": "9.999", "eta_s": "0", "rss_bytes": "52781056", "cpu_s": "0.28",
+             "loop_lag_ms": "0", "seq": "1", "fence": "1796096775961107", "attempt": "1",
+             "worker": "vm:9129", "started_ms": "1796096775961", "heartbeat_ms": "1796096786011",
+             "progress_ms": "1796096786011", "meta": "", "kind": ""}  # fmt: skip
+_ARGS = ["tok123456789", "1796096775961107", "6000", "2", "12345678", "12345", "1000000000",
+         "stage-a", "123.4", "55.2", "123456789", "12.34", "0.3", "x", "y"]  # fmt: skip
+_HSET11 = ", ".join(f"'f{i}', ARGV[{i + 1}]" for i in range(11))
+VARIANTS = {  # name -> script body (5 keys, the 15 arguments above)
+    "empty script (5 keys, 15 args)": "return 1",
+    "+ TIME": "redis.call('TIME') return 1",
+    "+ GET lease": "redis.call('GET', KEYS[3]) return 1",
+    "+ GET + PEXPIRE lease": "redis.call('GET', KEYS[3]) redis.call('PEXPIRE', KEYS[3], 6000) "
+    "return 1",
+    "+ SET alive PX": "redis.call('SET', KEYS[4], 5, 'PX', 6000) return 1",
+    "+ HMGET of 3 fields": "redis.call('HMGET', KEYS[1], 'seq', 'cancel', 'done') return 1",
+    "+ HSET of 2 fields": "redis.call('HSET', KEYS[1], 'seq', ARGV[4], 'done', ARGV[6]) return 1",
+    "+ HSET of 11 fields": f"redis.call('HSET', KEYS[1], {_HSET11}) return 1",
+    "reply: a 4-element array instead of 1 integer": "return {1, 0, 1700000000000, 12345}",
+}
+
+
+def ablation(quick: bool) -> dict[str, Any]:
+    import redis
+
+    from jobpulse._protocol import calls
+    from jobpulse._protocol.keys import KeySchema
+
+    out: dict[str, Any] = {"variants": {}, "beat": {}}
+    with private_redis() as server:
+        client = redis.Redis.from_url(server.url)
+        jobs = [KeySchema("abl").job(f"job-{i:06d}").all() for i in range(64)]
+
+        def reset() -> None:
+            pipe = client.pipeline(transaction=False)
+            for keys in jobs:
+                pipe.delete(keys[0])
+                pipe.hset(keys[0], mapping=_SNAPSHOT)
+                pipe.set(keys[2], "tok123456789")
+            pipe.execute()
+            client.config_resetstat()
+
+        def timed(commands: list[list[Any]], gap: bool, per_call: int) -> float:
+            reset()
+            pipe = client.pipeline(transaction=False)
+            for command in commands:
+                pipe.execute_command(*command)
+                if gap:
+                    pipe.execute()
+                    time.sleep(0.001)
+            pipe.execute()
+            stats = client.info("commandstats")["cmdstat_evalsha"]
+            return float(stats["usec"]) / (stats["calls"] * per_call)
+
+        n_hot, n_gap = (2000, 200) if quick else (20000, 1000)
+        for name, body in VARIANTS.items():
+            sha = client.script_load(body)
+            command = ["EVALSHA", sha, 5, *jobs[0], *_ARGS]
+            out["variants"][name] = {
+                "hot": timed([command] * n_hot, False, 1),
+                "cold": timed([command] * n_gap, True, 1),
+            }
+        client.script_load(calls.SCRIPTS.beat.text)
+
+        def beat(keys: Any, seq: int, n_fields: int) -> tuple[Any, list[Any]]:
+            names = calls.BEAT_FIELDS[8 - n_fields :]
+            fields = dict(zip(names, _ARGS[13 - n_fields : 13], strict=True))
+            segment = calls.beat_segment(
+                token="tok123456789", fence=1796096775961107, ttl_ms=6000, seq=seq, fields=fields
+            )
+            return keys, segment
+
+        for n_fields in (8, 3, 0):
+            cmds = [calls.beat_command([beat(jobs[0], s, n_fields)]) for s in range(2, n_hot + 2)]
+            gaps = [calls.beat_command([beat(jobs[0], s, n_fields)]) for s in range(2, n_gap + 2)]
+            out["beat"][f"beat.lua, 1 job, {n_fields} fields sent"] = {
+                "hot": timed(cmds, False, 1),
+                "cold": timed(gaps, True, 1),
+            }
+        batches = n_hot // 64
+        cmds = [calls.beat_command([beat(k, s, 3) for k in jobs]) for s in range(2, batches + 2)]
+        gaps = [calls.beat_command([beat(k, s, 3) for k in jobs]) for s in range(2, 52)]
+        out["beat"]["beat.lua, a batch of 64 jobs, 3 fields each (per job)"] = {
+            "hot": timed(cmds, False, 64),
+            "cold": timed(gaps, True, 64),
+        }
+        client.close()
+    return out
+
+
 # -- run --------------------------------------------------------------------------------------
 
 
@@ -324,6 +421,7 @@ def run(quick: bool = False) -> dict[str, Any]:
                     data["capacity"][design] = {"skipped": str(exc)}
                     continue
             data["capacity"][design] = saturate(design, 4, 5.0)
+    data["ablation"] = ablation(quick)
     data["bullmq_version"] = bullmq.version()
     data["loadavg_end"] = [round(x, 2) for x in os.getloadavg()]
     return build(data, method=" ".join((__doc__ or "").split("\n\n", 1)[1].split()))

@@ -147,7 +147,9 @@ async def run_jobpulse(url: str, n: int, interval: float, meter: Meter, ready: a
 
 async def run_naive(url: str, n: int, interval: float, meter: Meter, ready: asyncio.Event,
                     stop: asyncio.Event) -> None:  # fmt: skip
-    """One task and one round trip per job per beat, the same Lua script as jobpulse."""
+    """One task and one round trip per job per beat, the same Lua script as jobpulse (a batch
+    of one, every field sent)."""
+    from jobpulse._protocol import calls
     from jobpulse._protocol.keys import KeySchema
     from jobpulse._protocol.scripts import SCRIPTS
 
@@ -175,9 +177,12 @@ async def run_naive(url: str, n: int, interval: float, meter: Meter, ready: asyn
             seq += 1
             done += 1
             kind = "beat" if seq % 10 == 0 else ""
-            r = await client.evalsha(SCRIPTS.beat.sha, 5, *keys, token, fence, ttl_ms, seq,
-                                     kind, "", 1000, done, 1000000, "", "0", "", "", "",
-                                     "0.0")  # fmt: skip
+            fields = {"done": done, "total": 1000000, "stage": "", "rate": "0", "loop_lag_ms": "0"}
+            event = (kind, "", 1000) if kind else None
+            segment = calls.beat_segment(
+                token=token, fence=fence, ttl_ms=ttl_ms, seq=seq, fields=fields, event=event
+            )
+            r = await client.execute_command(*calls.beat_command([(keys, segment)]))
             return int(r[0]) >= 0
 
         await _paced(beat, interval, meter, stop)

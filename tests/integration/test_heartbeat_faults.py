@@ -19,6 +19,7 @@ import redis.asyncio as aioredis
 from redis.exceptions import RedisError
 
 from jobpulse import LeaseLost, LeaseLostCause, heartbeat
+from jobpulse._protocol import calls
 from jobpulse._protocol.keys import KeySchema
 from jobpulse._protocol.scripts import SCRIPTS
 from jobpulse._provision import RedisServer
@@ -100,23 +101,29 @@ async def test_snapshot_write_with_an_older_seq_is_refused(redis: aioredis.Redis
     keys = KeySchema(ns).job("seq")
     async with heartbeat(redis, "seq", namespace=ns, interval=30, ttl=60) as hb:
         token = hb._token
-        await redis.script_load(SCRIPTS.beat.text)
         seq = int(await redis.hget(keys.state, "seq"))
-        values = ["999", "", "late", "", "", "", "", ""]
-        stale = await redis.evalsha(
-            SCRIPTS.beat.sha, 5, *keys.all(), token, hb.fence, 5000, seq - 1, "", "", 100, *values
-        )
-        assert stale[0] == 0  # seq older: nothing written
+
+        def at(n: int) -> calls.Call[calls.BeatReply]:
+            return calls.beat(
+                keys.all(),
+                calls.beat_segment(
+                    token=token,
+                    fence=hb.fence,
+                    ttl_ms=5000,
+                    seq=n,
+                    fields={"done": "999", "stage": "late"},
+                ),
+            )
+
+        stale = await calls.run(redis, at(seq - 1))
+        assert stale.code is calls.BeatCode.SEQ_BEHIND  # seq older: nothing written
+        assert stale.snapshot_seq == seq
         assert await redis.hget(keys.state, "stage") != b"late"
-        same = await redis.evalsha(
-            SCRIPTS.beat.sha, 5, *keys.all(), token, hb.fence, 5000, seq, "", "", 100, *values
-        )
-        assert same[0] == 1  # the same seq is taken for a replay of a written beat: answered
-        assert await redis.hget(keys.state, "stage") != b"late"  # as written, nothing written
-        fresh = await redis.evalsha(
-            SCRIPTS.beat.sha, 5, *keys.all(), token, hb.fence, 5000, seq + 1, "", "", 100, *values
-        )
-        assert fresh[0] == 1
+        same = await calls.run(redis, at(seq))
+        assert same.code is calls.BeatCode.WRITTEN  # the same seq is taken for a replay of a
+        assert await redis.hget(keys.state, "stage") != b"late"  # written beat: nothing written
+        fresh = await calls.run(redis, at(seq + 1))
+        assert fresh.code is calls.BeatCode.WRITTEN
         assert await redis.hget(keys.state, "stage") == b"late"
         hb._seq = seq + 1
 
@@ -140,6 +147,63 @@ async def test_restart_with_data_loss_mid_job_still_ends_completed(
     assert state[b"status"] == b"COMPLETED"
     assert state[b"done"] == b"10"
     assert state[b"attempt"] == b"1"
+
+
+_SNAPSHOT = ("done", "total", "stage", "rate", "eta_s", "rss_bytes", "cpu_s", "loop_lag_ms")
+_SNAPSHOT += ("status", "seq", "fence", "attempt", "worker", "started_ms", "heartbeat_ms")
+_SNAPSHOT += ("progress_ms", "meta", "kind")
+
+
+async def test_data_loss_with_stable_progress_resends_every_field(
+    private_redis: RedisServer, private: aioredis.Redis
+) -> None:
+    """Beats send only the fields that changed: after a restart that lost the data while
+    progress stands still, the beat that finds the snapshot empty makes the next one resend
+    every field (dynamic and static), so HMGET reads the whole snapshot again."""
+    keys = KeySchema("jobpulse").job("still")
+    async with heartbeat(
+        private, "still", interval=0.05, ttl=2.0, total=10, meta={"k": 1}, kind="etl"
+    ) as hb:
+        hb.set_stage("work")
+        hb.progress.advance(5)
+        await eventually(lambda: _field(private, keys.state, "stage", b"work"))
+        await eventually(lambda: _field(private, keys.state, "done", b"5"))
+        private_redis.restart()  # SIGKILL, no persistence: every key is gone
+        await eventually(lambda: _field(private, keys.state, "meta", b'{"k":1}'), within=10)
+        await hb.checkpoint(step=1)  # a beat after the resend has been answered
+        values = await private.hmget(keys.state, list(_SNAPSHOT))
+        snap = dict(zip(_SNAPSHOT, values, strict=True))
+        assert [name for name, value in snap.items() if value is None] == []
+        assert (snap["done"], snap["total"], snap["stage"]) == (b"5", b"10", b"work")
+        assert (snap["status"], snap["kind"], snap["attempt"]) == (b"RUNNING", b"etl", b"1")
+        assert int(snap["fence"]) == hb.fence
+
+
+async def test_every_snapshot_field_reads_with_hmget_while_progress_stands_still(
+    redis: aioredis.Redis, ns: str
+) -> None:
+    """Changed-only beats keep the snapshot whole: after many beats with no progress every
+    field of the contract's snapshot is present, plain decimal/UTF-8, and heartbeat_ms and
+    seq move on every beat."""
+    keys = KeySchema(ns).job("flat")
+    async with heartbeat(
+        redis, "flat", namespace=ns, interval=0.02, ttl=2.0, total=7, kind="etl"
+    ) as hb:
+        hb.set_stage("s")
+        hb.progress.set(3)
+        await eventually(lambda: _field(redis, keys.state, "done", b"3"))
+        first = await redis.hmget(keys.state, ["seq", "heartbeat_ms", "progress_ms"])
+        target = hb.statistics().beats_sent + 10
+        await eventually(lambda: _beats(hb, target))
+        values = await redis.hmget(keys.state, list(_SNAPSHOT))
+        snap = {k: v.decode() for k, v in zip(_SNAPSHOT, values, strict=True) if v is not None}
+        assert sorted(set(_SNAPSHOT) - set(snap)) == []
+        assert (snap["done"], snap["total"], snap["stage"]) == ("3", "7", "s")
+        assert int(snap["seq"]) > int(first[0])
+        assert int(snap["heartbeat_ms"]) > int(first[1])
+        assert snap["progress_ms"] == first[2].decode()  # done did not move since
+        for name in ("rate", "eta_s", "rss_bytes", "cpu_s", "loop_lag_ms"):
+            assert snap[name] == "" or float(snap[name]) >= 0, name
 
 
 async def test_script_flush_mid_job_reloads_transparently(

@@ -11,6 +11,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
 from jobpulse import Event, JobState, StaleJob, StatusReader, Sweeper, heartbeat
+from jobpulse._protocol import calls
 from jobpulse._protocol.keys import KeySchema
 from jobpulse._protocol.scripts import SCRIPTS, evalsha
 from jobpulse._provision import LocalCluster
@@ -291,16 +292,30 @@ async def test_a_replayed_beat_answers_as_written_and_writes_nothing_again(
         client, SCRIPTS.acquire, keys.all(), ["tok", 60_000, 100, "w", "", "", "", ""]
     )
     fence, seq = ok[1], ok[3] + 1
-    args = ["tok", fence, 60_000, seq, "checkpoint", '{"a":1}', 100]
-    args += ["5", "", "", "", "", "", "", ""]
-    first = await evalsha(client, SCRIPTS.beat, keys.all(), args)
-    again = await evalsha(client, SCRIPTS.beat, keys.all(), args)
-    assert first[0] == again[0] == 1
-    assert first[3] == again[3] == seq
+
+    def at(n: int) -> calls.Call[calls.BeatReply]:
+        return calls.beat(
+            keys.all(),
+            calls.beat_segment(
+                token="tok",
+                fence=fence,
+                ttl_ms=60_000,
+                seq=n,
+                fields={"done": "5", "total": "", "stage": ""},
+                event=("checkpoint", '{"a":1}', 100),
+                pairs=("checkpoint", '{"a":1}'),
+            ),
+        )
+
+    first = await calls.run(client, at(seq))
+    again = await calls.run(client, at(seq))
+    assert first.code is again.code is calls.BeatCode.WRITTEN
+    assert again.now_ms >= first.now_ms > 0
     kinds = [e[1][b"kind"] for e in await client.xrange(keys.events)]
     assert kinds == [b"start", b"checkpoint"]
-    older = await evalsha(client, SCRIPTS.beat, keys.all(), [*args[:3], seq - 1, *args[4:]])
-    assert older[0] == 0  # a seq below the snapshot's is still refused
+    older = await calls.run(client, at(seq - 1))
+    assert older.code is calls.BeatCode.SEQ_BEHIND  # a seq below the snapshot's is refused
+    assert older.snapshot_seq == seq
 
 
 async def test_many_jobs_enter_at_once_on_a_cluster_client_never_initialised(

@@ -125,10 +125,10 @@ class _Job:
 def test_a_beat_refused_time_is_sent_again_at_once_in_argument_time(mode: str, again: bool) -> None:
     clock = ScriptClock(mode=mode)  # type: ignore[arg-type]
     job = _Job()
-    settled = settle_beats([job], [REFUSED], {}, 1.0, clock)  # type: ignore[list-item]
+    settled = settle_beats([[job]], [REFUSED], {}, 1.0, clock)  # type: ignore[list-item]
     assert job.failed == [(again, again)]
     assert clock.arguments is again
     assert settled.load == []
     # a NOSCRIPT in argument time loads the variant the clock sends
-    settled = settle_beats([_Job()], [NoScriptError("x")], {}, 1.0, clock)  # type: ignore[list-item]
+    settled = settle_beats([[_Job()]], [NoScriptError("x")], {}, 1.0, clock)  # type: ignore[list-item]
     assert settled.load == [clock.script(SCRIPTS.beat)]

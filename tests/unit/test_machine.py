@@ -13,7 +13,7 @@ from jobpulse._protocol import calls
 from jobpulse._protocol.calls import AcquireCode, AcquireReply, BeatCode, BeatReply, FinishCode
 from jobpulse._protocol.codec import DYNAMIC_FIELDS
 from jobpulse._worker.machine import BeatMachine
-from jobpulse._worker.plan import BeatPlan
+from jobpulse._worker.plan import BATCH, BeatPlan, beat_calls
 from jobpulse._worker.sampling import ProcessSample
 
 SAMPLE = ProcessSample(rss_bytes=1000, cpu_seconds=0.5)
@@ -35,11 +35,26 @@ def written(seq: int = 0, cancel: bool = False) -> BeatReply:
     return BeatReply(BeatCode.WRITTEN, cancel, 5000, seq)
 
 
-def test_dynamic_fields_agree_with_lib_lua() -> None:
-    lib = resources.files("jobpulse._protocol").joinpath("lua/_lib.lua").read_text()
-    match = re.search(r"local DYNAMIC = \{([^}]*)\}", lib)
-    assert match is not None
-    assert tuple(re.findall(r"'([a-z_]+)'", match.group(1))) == DYNAMIC_FIELDS
+def parse(args: list[Any]) -> tuple[int, dict[str, str], tuple[Any, ...] | None, list[Any]]:
+    """A beat command as (seq, fields sent, event (kind, details, maxlen) or None, pairs)."""
+    assert args[0] == len(args) - 1  # the segment's length, then token fence ttl
+    seq, names, rest = args[4], args[5], args[6:]
+    digits = names.rstrip("+")
+    fields = {calls.BEAT_FIELDS[int(d) - 1]: rest[i] for i, d in enumerate(digits)}
+    rest = rest[len(digits) :]
+    event = None
+    if names.endswith("+"):
+        event, rest = tuple(rest[:3]), rest[3:]
+    return seq, fields, event, rest
+
+
+def test_dynamic_fields_agree_with_lib_lua_and_beat_lua() -> None:
+    folder = resources.files("jobpulse._protocol").joinpath("lua")
+    for name, table in (("_lib.lua", "DYNAMIC"), ("beat.lua", "FIELDS")):
+        match = re.search(table + r" = \{([^}]*)\}", folder.joinpath(name).read_text())
+        assert match is not None
+        assert tuple(re.findall(r"'([a-z_]+)'", match.group(1))) == DYNAMIC_FIELDS
+    assert calls.BEAT_FIELDS == DYNAMIC_FIELDS
 
 
 def test_acquire_refusals_raise_before_anything_runs() -> None:
@@ -54,8 +69,7 @@ def test_first_beat_is_due_one_interval_after_the_acquire_and_seq_grows() -> Non
     m = machine()
     assert m.due == 101.0
     args = m.next_beat(101.0, 0.0, SAMPLE, 5, None)
-    assert args[0] == "EVALSHA"
-    assert args[11] == 1  # seq, after the head: EVALSHA sha 5 keys*5 token fence ttl
+    assert parse(args)[0] == 1
     assert not m.ready  # one beat in flight at a time
     m.replied(101.0, written(), ended=False)
     assert m.ready
@@ -66,10 +80,10 @@ def test_a_stage_change_rides_the_next_beat_and_is_resent_after_a_failure() -> N
     m = machine()
     assert m.set_stage("load") is True
     assert m.set_stage("load") is False
-    assert m.next_beat(101.0, 0.0, SAMPLE, 0, None)[12] == "stage"
+    assert parse(m.next_beat(101.0, 0.0, SAMPLE, 0, None))[2] == ("stage", "", 1000)
     m.beat_failed(101.0, at_once=False, ended=False)
     assert m.due == 101.25
-    assert m.next_beat(101.25, 0.0, SAMPLE, 0, None)[12] == "stage"
+    assert parse(m.next_beat(101.25, 0.0, SAMPLE, 0, None))[2] == ("stage", "", 1000)
 
 
 def test_checkpoint_handle_is_resolved_by_the_reply_that_wrote_it() -> None:
@@ -77,7 +91,8 @@ def test_checkpoint_handle_is_resolved_by_the_reply_that_wrote_it() -> None:
     m.add_checkpoint('{"a":1}', "handle", now=100.5)
     assert m.due == 100.5
     args = m.next_beat(100.5, 0.0, SAMPLE, 0, None)
-    assert args[12:14] == ["checkpoint", '{"a":1}']
+    assert parse(args)[2] == ("checkpoint", '{"a":1}', 1000)
+    assert parse(args)[3] == ["checkpoint", '{"a":1}']
     verdict = m.replied(100.5, written(), ended=False)
     assert verdict.resolved == "handle"
 
@@ -90,7 +105,7 @@ def test_seq_behind_jumps_forward_and_resends_at_once() -> None:
     assert verdict.resolved is None
     assert m.seq == 40
     assert m.due == 101.0
-    assert m.next_beat(101.0, 0.0, SAMPLE, 0, None)[11] == 41
+    assert parse(m.next_beat(101.0, 0.0, SAMPLE, 0, None))[0] == 41
 
 
 def test_resend_static_after_data_loss() -> None:
@@ -232,10 +247,104 @@ def test_a_failed_checkpoint_beat_is_resent_with_its_seq_so_a_replay_records_it_
     first = m.next_beat(101.0, 0.0, SAMPLE, 1, None)
     m.beat_failed(101.0, at_once=False, ended=False)
     again = m.next_beat(101.3, 0.0, SAMPLE, 2, None)
-    assert again[11] == first[11]  # the same seq
-    assert (again[12], again[13]) == (first[12], first[13]) == ("checkpoint", '{"step":1}')
+    assert parse(again)[0] == parse(first)[0]  # the same seq
+    assert parse(again)[2] == parse(first)[2] == ("checkpoint", '{"step":1}', 1000)
     assert m.replied(101.3, written(), ended=False).resolved == "handle"
     # a failed beat without a checkpoint: the next one takes a new seq
     plain = m.next_beat(102.3, 0.0, SAMPLE, 3, None)
     m.beat_failed(102.3, at_once=False, ended=False)
-    assert m.next_beat(102.6, 0.0, SAMPLE, 3, None)[11] == plain[11] + 1
+    assert parse(m.next_beat(102.6, 0.0, SAMPLE, 3, None))[0] == parse(plain)[0] + 1
+
+
+def test_a_beat_sends_only_the_fields_that_differ_from_the_snapshot_it_knows() -> None:
+    m = machine(total=10)
+    first = parse(m.next_beat(101.0, 0.0, SAMPLE, 0, None))[1]
+    assert set(first) == set(calls.BEAT_FIELDS)  # nothing known yet: every field
+    m.replied(101.0, written(), ended=False)
+    assert parse(m.next_beat(102.0, 0.0, SAMPLE, 0, None))[1] == {"rate": "0"}  # a rate now
+    m.replied(102.0, written(), ended=False)
+    assert parse(m.next_beat(103.0, 0.0, SAMPLE, 0, None))[1] == {}  # nothing moved
+    m.replied(103.0, written(), ended=False)
+    m.set_stage("load")
+    _, fields, event, _ = parse(m.next_beat(104.0, 0.0, SAMPLE, 4, None))
+    assert event == ("stage", "", 1000)
+    assert {"done": "4", "total": "", "stage": "load"}.items() <= fields.items()  # with an entry
+
+
+def test_the_fields_of_a_failed_beat_are_sent_again() -> None:
+    m = machine()
+    m.next_beat(101.0, 0.0, SAMPLE, 0, None)
+    m.replied(101.0, written(), ended=False)
+    assert parse(m.next_beat(102.0, 0.0, SAMPLE, 7, None))[1]["done"] == "7"
+    m.beat_failed(102.0, at_once=False, ended=False)  # written or not: unknown
+    assert parse(m.next_beat(102.25, 0.0, SAMPLE, 7, None))[1]["done"] == "7"
+
+
+def test_a_reused_seq_may_be_a_replay_so_its_fields_are_sent_again() -> None:
+    m = machine()
+    m.next_beat(101.0, 0.0, SAMPLE, 0, None)
+    m.replied(101.0, written(), ended=False)
+    m.add_checkpoint("{}", "h", 101.5)
+    m.next_beat(101.5, 0.0, SAMPLE, 3, None)
+    m.beat_failed(101.5, at_once=False, ended=False)
+    again = parse(m.next_beat(101.75, 0.0, SAMPLE, 5, None))
+    assert again[1]["done"] == "5"
+    m.replied(101.75, written(), ended=False)  # may have been answered as a replay of done=3
+    assert parse(m.next_beat(102.75, 0.0, SAMPLE, 5, None))[1]["done"] == "5"
+
+
+def test_after_a_data_loss_every_field_and_the_static_ones_are_sent() -> None:
+    m = machine(kind="etl")
+    m.next_beat(101.0, 0.0, SAMPLE, 0, None)
+    m.replied(101.0, written(), ended=False)
+    lost = parse(m.next_beat(102.0, 0.0, SAMPLE, 0, None))[1]
+    assert lost == {"rate": "0"}  # written into an empty snapshot: all it holds now
+    m.replied(102.0, BeatReply(BeatCode.RESEND_STATIC, False, 5000, 0), ended=False)
+    _, fields, _, pairs = parse(m.next_beat(102.0, 0.0, SAMPLE, 0, None))
+    assert set(fields) == set(calls.BEAT_FIELDS) - {"rate"}
+    assert pairs[:2] == ["attempt", 1]
+
+
+def test_beat_replies_decode_from_one_integer_or_the_seq_behind_array() -> None:
+    assert calls.decode_beat(1_700_000_000_123 * 8 + 2 * 1 + 1) == BeatReply(
+        BeatCode.WRITTEN, True, 1_700_000_000_123, 0
+    )
+    assert calls.decode_beat(1_700_000_000_123 * 8 + 2 * 3) == BeatReply(
+        BeatCode.RESEND_STATIC, False, 1_700_000_000_123, 0
+    )
+    assert calls.decode_beat(-2) == BeatReply(BeatCode.FENCED_OUT, False, 0, 0)
+    assert calls.decode_beat([0, 1, 5000, 40]) == BeatReply(BeatCode.SEQ_BEHIND, True, 5000, 40)
+    with pytest.raises(ValueError, match="unknown beat field"):
+        calls.beat_segment(token="t", fence=1, ttl_ms=1, seq=1, fields={"nope": "1"})
+
+
+class _Beating:
+    def __init__(self, job_id: str) -> None:
+        self.machine = machine_for(job_id)
+
+
+def machine_for(job_id: str) -> BeatMachine[str]:
+    m: BeatMachine[str] = BeatMachine(
+        job_id, total=None, interval=1.0, ttl=6.0, namespace="t", meta=None, kind="",
+        worker="w", stream_every=10, maxlen=1000, retention=3600.0, max_meta_bytes=65536,
+        max_details_bytes=65536, final_timeout=30.0, index_every=10, index_shards=1,
+    )  # fmt: skip
+    m.acquired(AcquireReply(AcquireCode.STARTED, 3, 1, 0, "", 1000), sent_at=100.0)
+    return m
+
+
+def test_beats_are_batched_per_call_and_per_hash_slot_on_a_cluster() -> None:
+    jobs = [_Beating(f"j{i}") for i in range(BATCH + 6)]
+    beats = [(job, job.machine.next_beat(101.0, 0.0, SAMPLE, 0, None)) for job in jobs]
+    single = beat_calls(beats, None)  # type: ignore[type-var]
+    assert [len(js) for js, _ in single] == [BATCH, 6]
+    command = single[1][1]
+    assert command[:3] == ["EVALSHA", calls.SCRIPTS.beat.sha, 30]
+    assert command[3:8] == list(jobs[BATCH].machine.beat_keys)
+    assert command[33:] == [*beats[BATCH][1], *[a for _, seg in beats[BATCH + 1 :] for a in seg]]
+    by_slot = beat_calls(beats, lambda key: len(key) % 2)  # type: ignore[type-var]
+    for group, _command in by_slot:
+        assert len({len(job.machine.beat_keys[0]) % 2 for job in group}) == 1
+    assert sorted(len(js) for js, _ in by_slot) == sorted(
+        [sum(1 for j in jobs if len(j.machine.beat_keys[0]) % 2 == p) for p in (0, 1)]
+    )

@@ -34,10 +34,17 @@ __all__ = [
     "ClaimCode",
     "FinishCode",
     "ack",
+    "BEAT_DIGITS",
+    "BEAT_FIELDS",
     "acquire",
+    "beat",
+    "beat_command",
+    "beat_segment",
+    "beats",
     "cancel",
     "claim",
     "decode_beat",
+    "decode_beats",
     "enroll",
     "finish",
     "run",
@@ -119,8 +126,96 @@ def text(value: Any) -> str:
 
 
 def decode_beat(reply: Any) -> BeatReply:
+    """One job's answer in ``beat.lua``'s reply: one integer (``now_ms * 8 + code * 2 +
+    cancel``, or a negative code), or ``{0, cancel, now_ms, snapshot_seq}`` when the snapshot
+    holds a newer seq."""
+    if isinstance(reply, int):
+        if reply < 0:
+            return BeatReply(BeatCode(reply), False, 0, 0)
+        return BeatReply(BeatCode((reply >> 1) & 3), reply & 1 == 1, reply >> 3, 0)
     code, cancel, now_ms, snapshot_seq = (int(x) for x in reply[:4])
     return BeatReply(BeatCode(code), cancel == 1, now_ms, snapshot_seq)
+
+
+def decode_beats(reply: Any) -> list[BeatReply | Exception]:
+    """``beat.lua``'s reply: per job, its :class:`BeatReply`, or the error of a command that
+    failed for that job alone (the batch's other jobs are unaffected)."""
+    return [r if isinstance(r, Exception) else decode_beat(r) for r in reply]
+
+
+BEAT_FIELDS = ("done", "total", "stage", "rate", "eta_s", "rss_bytes", "cpu_s", "loop_lag_ms")
+"""``beat.lua``'s dynamic fields, in the order its digits (1-8) name them."""
+
+BEAT_DIGITS = "12345678"
+"""``beat.lua``'s name of each of :data:`BEAT_FIELDS`, by index."""
+
+
+def beat_segment(
+    *,
+    token: str,
+    fence: int,
+    ttl_ms: int,
+    seq: int,
+    fields: dict[str, Any],
+    event: tuple[str, str, int] | None = None,
+    pairs: Sequence[Any] = (),
+) -> list[Any]:
+    """One job's arguments in a ``beat.lua`` call (its length first), for tests and tools; the
+    tickers' machines build the same segment themselves (``BeatMachine.next_beat``: constant
+    arguments encoded once, only the fields that changed). ``fields``: the dynamic fields to
+    write (names of :data:`BEAT_FIELDS`; with ``event``, done, total and stage are expected);
+    ``event``: ``(kind, details, maxlen)`` of a stream entry; ``pairs``: static field, value
+    pairs."""
+    unknown = set(fields) - set(BEAT_FIELDS)
+    if unknown:
+        raise ValueError(f"unknown beat field(s): {', '.join(sorted(unknown))}")
+    present = [i for i, name in enumerate(BEAT_FIELDS) if name in fields]
+    names = "".join(BEAT_DIGITS[i] for i in present) + ("+" if event else "")
+    segment: list[Any] = [0, token, fence, ttl_ms, seq, names]
+    segment += [fields[BEAT_FIELDS[i]] for i in present]
+    if event:
+        segment += list(event)
+    segment += list(pairs)
+    segment[0] = len(segment) - 1
+    return segment
+
+
+def beat_command(beats: Sequence[tuple[Sequence[Any], Sequence[Any]]]) -> list[Any]:
+    """The ``EVALSHA`` of a batch of beats: ``(keys, segment)`` per job, the keys those of
+    ``JobKeys.all()`` (on a cluster, all of one hash slot)."""
+    keys: list[Any] = []
+    args: list[Any] = []
+    for job_keys, segment in beats:
+        keys += job_keys
+        args += segment
+    return ["EVALSHA", SCRIPTS.beat.sha, len(keys), *keys, *args]
+
+
+def beat(keys: tuple[str, ...], segment: Sequence[Any]) -> Call[BeatReply]:
+    """The beat of one job (a batch of one): ``segment`` from :func:`beat_segment`. A command
+    error of the job is raised."""
+
+    def one(reply: Any) -> BeatReply:
+        (answer,) = decode_beats(reply)
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+    return Call(SCRIPTS.beat, keys, tuple(segment), one)
+
+
+def beats(
+    batch: Sequence[tuple[Sequence[Any], Sequence[Any]]],
+) -> Call[list[BeatReply | Exception]]:
+    """The beats of several jobs in one call (``(keys, segment)`` per job, see
+    :func:`beat_command`)."""
+    command = beat_command(batch)
+    return Call(
+        SCRIPTS.beat,
+        tuple(command[3 : 3 + command[2]]),
+        tuple(command[3 + command[2] :]),
+        decode_beats,
+    )
 
 
 def _decode_acquire(reply: Any) -> AcquireReply:

@@ -26,7 +26,6 @@ from .._protocol import calls
 from .._protocol.calls import AcquireCode, AcquireReply, BeatCode, BeatReply, FinishCode
 from .._protocol.codec import dump_json, fmt_float, fmt_int, load_json
 from .._protocol.keys import KeySchema, check_job_id
-from .._protocol.scripts import SCRIPTS
 from ..errors import JobBusy, LeaseLostCause
 from .config import MAX_ERROR_CHARS, HeartbeatConfig, check_kind, check_stage, check_total
 from .lease import Lease
@@ -40,6 +39,9 @@ ACQUIRE_RETRY_CAP = 0.5
 """The retries back off (doubling) up to this many seconds; all of them within ``ttl``."""
 
 H = TypeVar("H")
+
+_ALL = range(len(calls.BEAT_FIELDS))
+_DIGITS = calls.BEAT_DIGITS
 
 _LOST_CAUSE = {BeatCode.TAKEN_OVER: LeaseLostCause.TAKEN_OVER}
 _FINISH_LOST = {FinishCode.TAKEN_OVER: LeaseLostCause.TAKEN_OVER}
@@ -101,6 +103,7 @@ class BeatMachine(Generic[H]):
         self.job_id = check_job_id(job_id)
         self.schema = KeySchema(namespace, index_shards)
         self.keys = self.schema.job(job_id).all()
+        self.index_shard = self.schema.index_for(job_id)  # the running-index shard of the job
         self.cfg = HeartbeatConfig(
             interval=interval,
             ttl=ttl,
@@ -142,15 +145,16 @@ class BeatMachine(Generic[H]):
         # replay and the checkpoint is recorded once
         self._replay: tuple[int, tuple[str, H]] | None = None
         self._head: list[bytes] = []
+        self.beat_keys: tuple[bytes, ...] = ()
+        # the dynamic values the snapshot is known to hold (None: unknown, sent next beat) and
+        # (values, indexes sent, seq reused) of the beat in flight
+        self._known: list[str | None] = [None] * len(_ALL)
+        self._sent: tuple[list[str], list[int], bool] | None = None
         self._resend_static = False
         self._last_event_beat = 0
         self._rate = RateWindow()
 
     # -- acquire ------------------------------------------------------------------------------
-
-    @property
-    def index_shard(self) -> str:
-        return self.schema.index_for(self.job_id)
 
     def enroll_call(self) -> calls.Call[int]:
         return calls.enroll(self.index_shard, self.job_id, int(self.cfg.index_horizon * 1000))
@@ -180,9 +184,10 @@ class BeatMachine(Generic[H]):
         self._last_checkpoint = reply.resume
         self.started_ms = reply.started_ms
         self.lease = Lease(self.cfg.ttl, sent_at)
-        # What every beat starts with, encoded once (redis-py passes bytes through as they are).
-        head = (SCRIPTS.beat.sha, 5, *self.keys, self.token, self.fence, self.cfg.ttl_ms)
-        self._head = [str(x).encode() for x in head]
+        # What every beat carries unchanged, encoded once (redis-py passes bytes through).
+        self.beat_keys = tuple(k.encode() for k in self.keys)
+        self._head = [str(x).encode() for x in (self.token, self.fence, self.cfg.ttl_ms)]
+        self._known = [None] * len(_ALL)  # the first beat sends every field
         self.due = sent_at + self.cfg.interval
 
     def acquire_timeout_text(self, enrolled: bool, fault: BaseException | None = None) -> str:
@@ -230,7 +235,8 @@ class BeatMachine(Generic[H]):
     def next_beat(
         self, now: float, lag: float, sample: ProcessSample, done: int, total: int | None
     ) -> list[Any]:
-        """Build the next beat (the ``EVALSHA`` command) and mark it in flight."""
+        """Build the next beat (this job's segment of a ``beat.lua`` call: see
+        ``calls.beat_command``) and mark it in flight."""
         kind, details, checkpoint = "", "", None
         self.beats += 1
         if self._checkpoints:
@@ -245,15 +251,29 @@ class BeatMachine(Generic[H]):
             self._stage_changed = False
         self._inflight = (kind, checkpoint)
         replay, self._replay = self._replay, None
-        if not (replay and checkpoint is replay[1] and self.seq == replay[0]):
+        reused = bool(replay and checkpoint is replay[1] and self.seq == replay[0])
+        if not reused:
             self.seq += 1
-        args: list[Any] = ["EVALSHA", *self._head, self.seq, kind, details, self.cfg.maxlen]
-        args += self._dynamic(done, total, sample, lag, now)
+        values = self._dynamic(done, total, sample, lag, now)
+        # only the fields that differ from what the snapshot is known to hold (an entry also
+        # carries done, total and stage)
+        present = [
+            i for i, value, old in zip(_ALL, values, self._known, strict=True) if value != old
+        ]
+        if kind and present[:3] != [0, 1, 2]:
+            present = sorted({0, 1, 2, *present})
+        names = "".join([_DIGITS[i] for i in present])
+        args: list[Any] = [0, *self._head, self.seq, names + "+" if kind else names]
+        args += [values[i] for i in present]
+        if kind:
+            args += [kind, details, self.cfg.maxlen]
+        self._sent = (values, present, reused)
         if checkpoint is not None:
             self._last_checkpoint = details
             args += ["checkpoint", details]
         if self._resend_static:
             args += self._static_pairs()
+        args[0] = len(args) - 1
         return args
 
     def index_due(self) -> bool:
@@ -275,6 +295,7 @@ class BeatMachine(Generic[H]):
         """Take a beat's reply (``ended``: the final write has begun and decides instead)."""
         verdict: ReplyVerdict[H] = ReplyVerdict()
         inflight, self._inflight = self._inflight, None
+        sent, self._sent = self._sent, None
         if ended:
             return verdict
         handle = inflight[1][1] if inflight and inflight[1] else None
@@ -293,10 +314,17 @@ class BeatMachine(Generic[H]):
         if reply.code is BeatCode.SEQ_BEHIND:
             self.seq = max(self.seq, reply.snapshot_seq)
             self._requeue(inflight)
+            self._known = [None] * len(_ALL)  # a newer snapshot we did not see: resend all
             due = sent_at
         else:
             self.written += 1
             self._resend_static = reply.code is BeatCode.RESEND_STATIC
+            if self._resend_static:  # an empty snapshot got only the fields sent
+                self._known = [None] * len(_ALL)
+            if sent is not None:
+                values, present, reused = sent
+                for i in present:  # a reused seq may be a replay: what it sent is unknown
+                    self._known[i] = None if reused else values[i]
             if self._resend_static:
                 due = sent_at  # resend the static fields at once
             verdict.resolved = handle
@@ -314,6 +342,10 @@ class BeatMachine(Generic[H]):
         if ended:
             return
         self.failed += 1
+        sent, self._sent = self._sent, None
+        if sent is not None:  # written or not: unknown, sent again
+            for i in sent[1]:
+                self._known[i] = None
         if inflight is not None and inflight[1] is not None:
             self._replay = (self.seq, inflight[1])
         self._requeue(inflight)
@@ -424,15 +456,18 @@ class BeatMachine(Generic[H]):
         done = max(done, 0)
         if now is not None:
             self._rate.add(now, done)
+        rate = self._rate.rate()
+        eta = self._rate.eta(done, total, rate)
+        rss, cpu, lag_ms = _shared_text(sample, lag)
         return [
             str(done),
             fmt_int(total),
             self.stage,
-            fmt_float(self._rate.rate()),
-            fmt_float(self._rate.eta(done, total), 1),
-            "" if sample is None else str(sample.rss_bytes),
-            "" if sample is None else fmt_float(sample.cpu_seconds),
-            fmt_float(lag * 1000, 1),
+            fmt_float(rate),
+            fmt_float(eta, 1),
+            rss,
+            cpu,
+            lag_ms,
         ]
 
     def _static_pairs(self) -> list[Any]:
@@ -447,6 +482,23 @@ class BeatMachine(Generic[H]):
             f"<{name} job={self.job_id} fence={self.fence} attempt={self.attempt} "
             f"seq={self.seq} lease={self.lease}>"
         )
+
+
+_SHARED: list[tuple[ProcessSample | None, float, tuple[str, str, str]]] = [
+    (None, 0.0, ("", "", "0"))
+]
+
+
+def _shared_text(sample: ProcessSample | None, lag: float) -> tuple[str, str, str]:
+    """The texts of the process sample and the loop lag: every job of a tick beats with the
+    same two, so they are formatted once per tick, not once per job (a one-entry cache, read
+    and replaced whole, so threads sharing it never mix two entries)."""
+    entry = _SHARED[0]
+    if entry[0] is not sample or entry[1] != lag:
+        rss = "" if sample is None else str(sample.rss_bytes)
+        cpu = "" if sample is None else fmt_float(sample.cpu_seconds)
+        entry = _SHARED[0] = (sample, lag, (rss, cpu, fmt_float(lag * 1000, 1)))
+    return entry[2]
 
 
 def error_text(exc: BaseException) -> str:

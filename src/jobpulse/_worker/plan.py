@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-from .._protocol.calls import BeatReply, decode_beat
+from .._protocol import calls
+from .._protocol.calls import BeatReply
 from .._protocol.clock import ScriptClock, refuses_time
 from .._protocol.errors import is_noscript
 from .._protocol.scripts import SCRIPTS, Script
@@ -22,12 +23,24 @@ from ..errors import LeaseLostCause
 from .machine import BeatMachine
 from .sampling import ProcessSample
 
-__all__ = ["CHUNK", "COALESCE", "BeatPlan", "Beating", "Settled", "settle_beats"]
+__all__ = [
+    "BATCH",
+    "CHUNK",
+    "COALESCE",
+    "BeatPlan",
+    "Beating",
+    "Settled",
+    "beat_calls",
+    "settle_beats",
+]
 
 COALESCE = 0.1
 """A beat may go out this fraction of its interval early, to share a pipeline."""
 CHUNK = 256
 """Beats per pipeline."""
+BATCH = 64
+"""Beats per ``beat.lua`` call (a pipeline carries ``CHUNK / BATCH`` calls on one server; on a
+cluster a call only carries jobs of one hash slot)."""
 
 
 class Beating(Protocol):
@@ -37,7 +50,8 @@ class Beating(Protocol):
     def machine(self) -> BeatMachine[Any]: ...
 
     def beat(self, now: float, lag: float, sample: ProcessSample) -> list[Any]:
-        """Build the next beat (the machine reads the job's progress)."""
+        """Build the next beat, the job's segment of a ``beat.lua`` call (the machine reads
+        the job's progress)."""
         ...
 
     def beat_replied(self, sent_at: float, reply: BeatReply) -> None: ...
@@ -122,6 +136,25 @@ class BeatPlan(Generic[J]):
         return out
 
 
+def beat_calls(
+    beats: Sequence[tuple[J, list[Any]]], slot: Callable[[bytes], int] | None
+) -> list[tuple[list[J], list[Any]]]:
+    """Group built beats into ``beat.lua`` calls of up to ``BATCH`` jobs: ``(jobs, command)``
+    per call. ``slot``: the cluster client's key-slot function (None for one server): then a
+    call only carries jobs whose keys share a hash slot (most often a batch of one)."""
+    groups: dict[int, list[tuple[J, list[Any]]]] = {}
+    for job, segment in beats:
+        group = 0 if slot is None else slot(job.machine.beat_keys[0])
+        groups.setdefault(group, []).append((job, segment))
+    out: list[tuple[list[J], list[Any]]] = []
+    for members in groups.values():
+        for first in range(0, len(members), BATCH):
+            part = members[first : first + BATCH]
+            command = calls.beat_command([(job.machine.beat_keys, seg) for job, seg in part])
+            out.append(([job for job, _ in part], command))
+    return out
+
+
 @dataclass(slots=True)
 class Settled:
     """What a settled pipeline asks of its ticker."""
@@ -132,37 +165,43 @@ class Settled:
 
 
 def settle_beats(
-    jobs: Sequence[Beating],
+    batches: Sequence[Sequence[Beating]],
     results: Sequence[Any],
     index: dict[str, dict[str, int]],
     sent_at: float,
     clock: ScriptClock,
 ) -> Settled:
-    """Hand each job its beat's reply (or error) from a pipeline of ``len(jobs)`` beats
-    followed by one ZADD per ``index`` key. Both tickers call it; it does no I/O. A beat
-    refused ``TIME`` (in ``clock``'s auto mode) switches ``clock`` to argument time and is
-    sent again at once, as after a NOSCRIPT (the refused script wrote nothing)."""
+    """Hand each job its beat's reply (or error) from a pipeline of ``len(batches)``
+    ``beat.lua`` calls (the jobs of each, as :func:`beat_calls` grouped them) followed by one
+    ZADD per ``index`` key. Both tickers call it; it does no I/O. A call refused ``TIME`` (in
+    ``clock``'s auto mode) switches ``clock`` to argument time and its beats are sent again at
+    once, as after a NOSCRIPT (the refused script wrote nothing)."""
     settled = Settled([], None, None)
     refreshed: set[str] = set()
-    for key, result in zip(index, results[len(jobs) :], strict=True):
+    for key, result in zip(index, results[len(batches) :], strict=True):
         if isinstance(result, Exception):
             settled.index_failure = result
         else:
             refreshed.add(key)
-    for job in jobs:  # what the job's conditional unindex may remove at its end
-        m = job.machine
-        if m.index_shard in refreshed:
-            m.index_read(index[m.index_shard].get(m.job_id))
-    for job, result in zip(jobs, results, strict=False):
+    for jobs in batches if refreshed else ():  # what a job's conditional unindex may remove
+        for job in jobs:
+            m = job.machine
+            if m.index_shard in refreshed:
+                m.index_read(index[m.index_shard].get(m.job_id))
+    for jobs, result in zip(batches, results, strict=False):
         if isinstance(result, Exception):
             missing = is_noscript(result)
             again = missing or clock.refused(result) or (refuses_time(result) and clock.arguments)
-            job.beat_failed(sent_at, result, quiet=again, at_once=again)
+            for job in jobs:
+                job.beat_failed(sent_at, result, quiet=again, at_once=again)
             if missing:
                 settled.load = [clock.script(SCRIPTS.beat)]
-        else:
-            reply = decode_beat(result)
-            job.beat_replied(sent_at, reply)
-            if reply.now_ms > 0:  # a refused beat ({-2,0,0,0}) carries no server time
-                settled.server_ms = reply.now_ms
+            continue
+        for job, answer in zip(jobs, calls.decode_beats(result), strict=True):
+            if isinstance(answer, Exception):  # a command failed for this job alone
+                job.beat_failed(sent_at, answer, quiet=False, at_once=False)
+                continue
+            job.beat_replied(sent_at, answer)
+            if answer.now_ms > 0:  # a refused beat carries no server time
+                settled.server_ms = answer.now_ms
     return settled

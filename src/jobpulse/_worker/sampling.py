@@ -102,9 +102,11 @@ class RateWindow:
             return None
         return (d1 - d0) / (t1 - t0)
 
-    def eta(self, done: int, total: int | None) -> float | None:
-        """Seconds left at the current rate, or None when unknown (no total, or no progress)."""
-        rate = self.rate()
+    def eta(self, done: int, total: int | None, rate: float | None = None) -> float | None:
+        """Seconds left at the current rate (``rate``: :meth:`rate`'s answer, when the caller
+        already has it), or None when unknown (no total, or no progress)."""
+        if rate is None:
+            rate = self.rate()
         if total is None or rate is None or rate <= 0:
             return None
         return max(total - done, 0) / rate

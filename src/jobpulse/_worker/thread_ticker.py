@@ -28,7 +28,7 @@ from typing import Any
 from .._protocol.clock import clock_of
 from .._protocol.errors import is_redis_fault, tolerate_faults
 from .._protocol.ratelimit import RateLimitedLog
-from .plan import CHUNK, Beating, BeatPlan, settle_beats
+from .plan import CHUNK, Beating, BeatPlan, beat_calls, settle_beats
 from .sampling import ProcessSample, ProcessSampler
 from .stats import WORKER_STATS
 
@@ -158,13 +158,15 @@ class ThreadTicker:
 
     def _send(self, beats: list[tuple[Beating, list[Any]]], sent_at: float) -> None:
         jobs = [job for job, _ in beats]
+        # one beat.lua call per BATCH jobs (per hash slot on a cluster client)
+        batches = beat_calls(beats, getattr(self._redis, "keyslot", None))
         with self.lock:
             index = self._plan.index_refresh(jobs, self._server_now())
         clock = clock_of(self._redis)
         try:
             clock.sample_sync(self._redis)  # argument time only, when due: else nothing
             pipe = self._redis.pipeline(transaction=False)
-            for _job, command in beats:
+            for _jobs, command in batches:
                 pipe.execute_command(*clock.stamp(command))
             for key, members in index.items():
                 pipe.zadd(key, members, gt=True)  # a deadline never moves back
@@ -180,7 +182,7 @@ class ThreadTicker:
             self._warn.warning("beats of %d job(s) failed, retrying: %r", len(jobs), exc)
             return
         with self.lock:
-            settled = settle_beats(jobs, results, index, sent_at, clock)
+            settled = settle_beats([b for b, _ in batches], results, index, sent_at, clock)
             if settled.server_ms is not None:
                 self._server_delta = settled.server_ms / 1000 - sent_at
         if settled.index_failure is not None:  # the next refresh will retry

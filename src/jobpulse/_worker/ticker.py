@@ -27,7 +27,7 @@ from .._protocol.clock import clock_of
 from .._protocol.deadline import cancellable
 from .._protocol.errors import is_redis_fault, tolerate_faults
 from .._protocol.ratelimit import RateLimitedLog
-from .plan import CHUNK, Beating, BeatPlan, settle_beats
+from .plan import CHUNK, Beating, BeatPlan, beat_calls, settle_beats
 from .sampling import ProcessSample, ProcessSampler
 from .stats import WORKER_STATS
 
@@ -169,6 +169,8 @@ class Ticker:
 
     async def _send(self, beats: list[tuple[Beating, list[Any]]], sent_at: float) -> None:
         jobs = [job for job, _ in beats]
+        # one beat.lua call per BATCH jobs (per hash slot on a cluster client)
+        batches = beat_calls(beats, getattr(self._redis, "keyslot", None))
         budget = max(0.05, min(job.machine.lease.left(sent_at) for job in jobs))
         index = self._plan.index_refresh(jobs, self._server_now())
         clock = clock_of(self._redis)
@@ -176,7 +178,7 @@ class Ticker:
             async with asyncio.timeout(budget), self._sends:
                 await clock.sample(self._redis)  # argument time only, when due: else nothing
                 pipe = self._redis.pipeline(transaction=False)
-                for _job, command in beats:
+                for _jobs, command in batches:
                     pipe.execute_command(*clock.stamp(command))
                 for key, members in index.items():
                     pipe.zadd(key, members, gt=True)  # a deadline never moves back
@@ -190,7 +192,7 @@ class Ticker:
                 job.beat_failed(sent_at, exc, quiet=True, at_once=False)
             self._warn.warning("beats of %d job(s) failed, retrying: %r", len(jobs), exc)
             return
-        settled = settle_beats(jobs, results, index, sent_at, clock)
+        settled = settle_beats([b for b, _ in batches], results, index, sent_at, clock)
         if settled.index_failure is not None:  # the next refresh will retry
             self._warn.warning("running-index refresh failed: %r", settled.index_failure)
         if settled.server_ms is not None:

@@ -2,6 +2,8 @@
   "--! include: _lib". Redis has no Lua include, so the assembled text is what runs and what
   the tests exercise. Scripts that read the time include _clock first (now_ms, now_us).
 
+  Scripts that check the lease (beat, finish) include _owner before it.
+
   Every per-job script takes the same five keys:
     KEYS[1] state hash    KEYS[2] events stream    KEYS[3] lease string
     KEYS[4] alive string  KEYS[5] fence counter
@@ -9,32 +11,6 @@
 
 -- The dynamic snapshot fields, in the positional order the worker sends them.
 local DYNAMIC = {'done', 'total', 'stage', 'rate', 'eta_s', 'rss_bytes', 'cpu_s', 'loop_lag_ms'}
-
---[[ Is (token, fence) still the owner of the job? Renews the lease when it is.
-  Returns  1  lease held by us, renewed
-           2  lease had expired (or Redis lost it) and nobody claimed the job: re-taken
-           3  as 2, and the snapshot is gone too (a restart lost the data): resend static fields
-          -1  the lease holds another owner's token (taken over)
-          -2  the fence moved past ours, or the job already ended (fenced out)
-]]
-local function owner(token, fence, ttl_ms)
-  local holder = redis.call('GET', KEYS[3])
-  if holder == token then
-    -- Nobody can move the fence while our lease exists: acquire and claim both require the
-    -- lease to be gone. So the fast path (every beat) skips reading the fence.
-    redis.call('PEXPIRE', KEYS[3], ttl_ms)
-    return 1
-  end
-  if holder then return -1 end
-  local current = redis.call('GET', KEYS[5])
-  if current and tonumber(current) ~= fence then return -2 end
-  local status = redis.call('HGET', KEYS[1], 'status')
-  if status and status ~= 'RUNNING' then return -2 end
-  redis.call('SET', KEYS[3], token, 'PX', ttl_ms)
-  if not current then redis.call('SET', KEYS[5], fence) end
-  if status then return 2 end
-  return 3
-end
 
 -- Append to `args` the field/value pairs of the positional dynamic values ARGV[first ..
 -- first+7], and progress_ms when `done` moved (old_done: the stored value).

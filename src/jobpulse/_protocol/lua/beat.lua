@@ -1,56 +1,123 @@
---! include: _clock _lib
---[[ beat.lua — one heartbeat: renew, snapshot, liveness and (sometimes) a checkpoint entry.
+--! include: _clock _owner
+--[[ beat.lua — the heartbeats of one or more jobs (a batch): for each, renew, snapshot,
+  liveness and (sometimes) a checkpoint entry. Every job is checked on its own (owner, fence,
+  seq) and answered on its own; the server time is read once for the whole batch.
 
-  KEYS[1..5] state, events, lease, alive, fence (see _lib.lua)
-  ARGV[1] owner token   ARGV[2] fence   ARGV[3] ttl ms   ARGV[4] seq
-  ARGV[5] event kind, or '' for no stream entry     ARGV[6] event details JSON or ''
-  ARGV[7] stream MAXLEN
-  ARGV[8..15] done total stage rate eta_s rss_bytes cpu_s loop_lag_ms (positional)
-  ARGV[16..] optional field, value pairs (static fields, resent after a data loss)
+  KEYS  5 per job: job j (0-based) has KEYS[5j+1 .. 5j+5] = state, events, lease, alive, fence
+        (see _lib.lua); all in one hash slot on a cluster (a batch there is one job, or jobs
+        whose ids share a slot)
+  ARGV  one segment per job, in the order of the keys:
+    n      how many arguments of this job follow (the segment's length after n)
+    token  fence  ttl_ms  seq
+    names  which dynamic fields follow: a string of digits 1-8 naming, in order, the fields
+           of FIELDS below whose values come next (the worker sends only the fields that
+           differ from what it knows the snapshot holds: all of them after a data loss); a
+           trailing '+' means a stream entry: three more arguments follow the values, event
+           kind, details JSON or '', stream MAXLEN (the worker sends done, total and stage
+           with an entry)
+    values ...
+    then optional field, value pairs (static fields, resent after a data loss; the checkpoint)
 
-  Returns {code, cancel, now_ms, snapshot_seq}
+  Returns an array, one element per job:
+    an integer now_ms * 8 + code * 2 + cancel when the beat was written (code 1, 2 or 3), or
+    the code alone when refused (-1, -2), or {0, cancel, now_ms, snapshot_seq} when the
+    snapshot holds a seq > ours (lease renewed, nothing else written), or an error reply when
+    a command failed for this job (the others are unaffected):
     code  1 written; 2 written, lease re-taken after it expired; 3 written into an empty
-          snapshot (a restart lost the data): the worker must resend its static fields;
-          0 lease renewed but the snapshot holds a seq > ours (nothing else written);
-          a replay of a beat that was written (same seq) answers as written (1, or 1 for a
-          first run that was 2 or 3), writing nothing again;
+          snapshot (a restart lost the data): the worker must resend every field;
+          a replay of a beat that was written (same seq) answers as written (1), writing
+          nothing again;
           -1 taken over; -2 fenced out (nothing written in either case)
     cancel 1 when a cancel was requested for the job
+
+  Calls per job on the regular path: GET + PEXPIRE (lease), SET (alive), HMGET, HSET; TIME
+  once per call, first.
 ]]
-local fence = tonumber(ARGV[2])
-local ttl = tonumber(ARGV[3])
-local seq = tonumber(ARGV[4])
-local code = owner(ARGV[1], fence, ttl)
-if code < 0 then return {code, 0, 0, 0} end
-
-redis.call('SET', KEYS[4], fence, 'PX', ttl)
-local h = redis.call('HMGET', KEYS[1], 'seq', 'cancel', 'done')
+local FIELDS = {'done', 'total', 'stage', 'rate', 'eta_s', 'rss_bytes', 'cpu_s', 'loop_lag_ms'}
 local now = now_ms()
-local current = tonumber(h[1]) or 0
-local cancel = 0
-if h[2] == '1' then cancel = 1 end
-if seq < current then return {0, cancel, now, current} end
--- Replay-safe: only this lease's owner writes seq while it holds the lease, so an equal seq is
--- this very beat run again (a client retry after a lost reply): answer as the first run did.
-if seq == current then return {code, cancel, now, seq} end
 
--- One HSET: the dynamic values (positional), seq, the times, and what a re-take restores.
-local args = dynamic_pairs({'seq', seq, 'heartbeat_ms', now}, 8, h[3], now)
-if code ~= 1 then
-  args[#args + 1] = 'status'
-  args[#args + 1] = 'RUNNING'
-  args[#args + 1] = 'fence'
-  args[#args + 1] = fence
-end
-for i = 16, #ARGV do args[#args + 1] = ARGV[i] end
-redis.call('HSET', KEYS[1], unpack(args))
-if ARGV[5] ~= '' then
-  local entry = {'kind', ARGV[5], 'status', 'RUNNING', 'stage', ARGV[10], 'done', ARGV[8],
-                 'total', ARGV[9], 'seq', seq, 'fence', fence, 'ts_ms', now}
-  if ARGV[6] ~= '' then
-    entry[#entry + 1] = 'details'
-    entry[#entry + 1] = ARGV[6]
+-- The beat of the job whose keys start after KEYS[k] and whose segment is ARGV[a .. last].
+local function beat(k, a, last)
+  local fence = tonumber(ARGV[a + 1])
+  local ttl = tonumber(ARGV[a + 2])
+  local seq = tonumber(ARGV[a + 3])
+  local code = owner(ARGV[a], fence, ttl, k)
+  if code < 0 then return code end
+
+  redis.call('SET', KEYS[k + 4], ARGV[a + 1], 'PX', ttl)
+  local h = redis.call('HMGET', KEYS[k + 1], 'seq', 'cancel', 'done')
+  local current = tonumber(h[1]) or 0
+  local cancel = 0
+  if h[2] == '1' then cancel = 1 end
+  if seq < current then return {0, cancel, now, current} end
+  -- Replay-safe: only this lease's owner writes seq while it holds the lease, so an equal seq
+  -- is this very beat run again (a client retry after a lost reply): answer as the first run.
+  if seq == current then return now * 8 + 2 + cancel end
+
+  -- One HSET: seq, the time, the fields sent, progress_ms when done moved, what a re-take
+  -- restores, and the pairs after the values.
+  local args = {'seq', ARGV[a + 3], 'heartbeat_ms', now}
+  local names = ARGV[a + 4]
+  local n = #names
+  local event = string.byte(names, n) == 43 -- '+'
+  if event then n = n - 1 end
+  local at = a + 5
+  local done, total, stage
+  for i = 1, n do
+    local field = FIELDS[string.byte(names, i) - 48]
+    local value = ARGV[at]
+    args[#args + 1] = field
+    args[#args + 1] = value
+    if field == 'done' then
+      done = value
+      if value ~= h[3] then
+        args[#args + 1] = 'progress_ms'
+        args[#args + 1] = now
+      end
+    elseif field == 'total' then
+      total = value
+    elseif field == 'stage' then
+      stage = value
+    end
+    at = at + 1
   end
-  redis.call('XADD', KEYS[2], 'MAXLEN', '~', ARGV[7], '*', unpack(entry))
+  local first_pair = at
+  if event then first_pair = at + 3 end
+  if code ~= 1 then
+    args[#args + 1] = 'status'
+    args[#args + 1] = 'RUNNING'
+    args[#args + 1] = 'fence'
+    args[#args + 1] = ARGV[a + 1]
+  end
+  for i = first_pair, last do args[#args + 1] = ARGV[i] end
+  redis.call('HSET', KEYS[k + 1], unpack(args))
+  if event then
+    -- (the worker sends done, total and stage with an entry; read back any it did not)
+    if not (done and total and stage) then
+      local back = redis.call('HMGET', KEYS[k + 1], 'done', 'total', 'stage')
+      done, total, stage = done or back[1] or '', total or back[2] or '', stage or back[3] or ''
+    end
+    local entry = {'kind', ARGV[at], 'status', 'RUNNING', 'stage', stage, 'done', done,
+                   'total', total, 'seq', ARGV[a + 3], 'fence', ARGV[a + 1], 'ts_ms', now}
+    if ARGV[at + 1] ~= '' then
+      entry[#entry + 1] = 'details'
+      entry[#entry + 1] = ARGV[at + 1]
+    end
+    redis.call('XADD', KEYS[k + 2], 'MAXLEN', '~', ARGV[at + 2], '*', unpack(entry))
+  end
+  return now * 8 + code * 2 + cancel
 end
-return {code, cancel, now, seq}
+
+local out = {}
+local a = 1
+for j = 0, #KEYS / 5 - 1 do
+  local n = tonumber(ARGV[a])
+  local ok, reply = pcall(beat, 5 * j, a + 1, a + n)
+  if ok then
+    out[j + 1] = reply
+  else -- a failed command of this job (its earlier writes stay: the worker resends them)
+    out[j + 1] = redis.error_reply(tostring(reply.err or reply))
+  end
+  a = a + n + 1
+end
+return out

@@ -1,4 +1,4 @@
---! include: _clock _lib
+--! include: _clock _owner _lib
 --[[ finish.lua — the final write and the release, owner-checked, written once.
 
   KEYS[1..5] state, events, lease, alive, fence (see _lib.lua)
@@ -18,7 +18,7 @@ local fence = tonumber(ARGV[2])
 -- our own fence — only the fence holder writes a terminal state — and answers "already ended".
 local ended = redis.call('HMGET', KEYS[1], 'status', 'fence')
 if ended[1] and ended[1] ~= 'RUNNING' and tonumber(ended[2]) == fence then return {0, 0} end
-local code = owner(ARGV[1], fence, tonumber(ARGV[3]))
+local code = owner(ARGV[1], fence, tonumber(ARGV[3]), 0)
 if code < 0 then return {code, 0} end
 local h = redis.call('HMGET', KEYS[1], 'status', 'seq', 'done')
 if h[1] and h[1] ~= 'RUNNING' then return {0, 0} end
