@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-from .._protocol import calls
+from .._protocol import calls, wire
 from .._protocol.calls import BeatReply
 from .._protocol.clock import ScriptClock, refuses_time
 from .._protocol.errors import is_noscript
@@ -31,6 +31,7 @@ __all__ = [
     "Beating",
     "Settled",
     "beat_calls",
+    "pack_beats",
     "settle_beats",
 ]
 
@@ -153,6 +154,25 @@ def beat_calls(
             command = calls.beat_command([(job.machine.beat_keys, seg) for job, seg in part])
             out.append(([job for job, _ in part], command))
     return out
+
+
+def pack_beats(
+    batches: Sequence[tuple[Sequence[Any], Sequence[Any]]],
+    index: dict[str, dict[str, int]],
+    clock: ScriptClock,
+) -> bytes:
+    """One write of a tick's ``beat.lua`` calls (as :func:`beat_calls` built them, stamped by
+    ``clock``) and one ``ZADD key GT`` per ``index`` key, for a plain client
+    (:func:`~jobpulse._protocol.wire.exchange`): the same commands, in the same order, as the
+    cluster's pipeline. Keys and the constant head of each segment are bytes already (encoded
+    once per job at acquire); only seq, names and values are encoded per beat."""
+    parts = [wire.pack(clock.stamp(command)) for _, command in batches]
+    for key, members in index.items():
+        args: list[Any] = ["ZADD", key, "GT"]  # a deadline never moves back
+        for member, score in members.items():
+            args += (score, member)
+        parts.append(wire.pack(args))
+    return b"".join(parts)
 
 
 @dataclass(slots=True)
