@@ -19,14 +19,14 @@ MOVED/ASK; the single connection has its own lock).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import redis
 import redis.asyncio
 from redis.exceptions import ResponseError
 
-__all__ = ["bulk", "exchange", "exchange_sync", "fast_client", "pack"]
+__all__ = ["bulk", "exchange", "exchange_sync", "fast_client", "pack", "pack_args"]
 
 
 def bulk(value: bytes) -> bytes:
@@ -34,26 +34,39 @@ def bulk(value: bytes) -> bytes:
     return b"$%d\r\n%s\r\n" % (len(value), value)
 
 
+def _text(value: str) -> bytes:
+    data = value.encode()
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+def _int(value: int) -> bytes:
+    data = b"%d" % value
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+def _float(value: float) -> bytes:
+    return _text(repr(value))
+
+
+_ENCODE: dict[type, Callable[[Any], bytes]] = {bytes: bulk, str: _text, int: _int, float: _float}
+
+
 def _arg(value: Any) -> bytes:
-    if isinstance(value, bytes):
-        return b"$%d\r\n%s\r\n" % (len(value), value)
-    if isinstance(value, str):
-        data = value.encode()
-        return b"$%d\r\n%s\r\n" % (len(data), data)
-    if isinstance(value, int) and not isinstance(value, bool):
-        data = b"%d" % value
-        return b"$%d\r\n%s\r\n" % (len(data), data)
-    if isinstance(value, float):
-        data = repr(value).encode()
-        return b"$%d\r\n%s\r\n" % (len(data), data)
-    raise TypeError(f"cannot send {type(value).__name__} {value!r} to Redis")
+    encode = _ENCODE.get(type(value))
+    if encode is None:
+        raise TypeError(f"cannot send {type(value).__name__} {value!r} to Redis")
+    return encode(value)
 
 
-def pack(args: Iterable[Any]) -> bytes:
-    """The RESP of one command: bytes as they are, text as UTF-8, integers and floats as
-    redis-py writes them (``repr`` for a float)."""
-    parts = [_arg(a) for a in args]
-    return b"*%d\r\n%s" % (len(parts), b"".join(parts))
+def pack_args(args: Iterable[Any]) -> bytes:
+    """The RESP of ``args`` as bulk strings, no array header: bytes as they are, text as
+    UTF-8, integers and floats as redis-py writes them (``repr`` for a float)."""
+    return b"".join([_arg(a) for a in args])
+
+
+def pack(args: Sequence[Any]) -> bytes:
+    """The RESP of one command (see :func:`pack_args`)."""
+    return b"*%d\r\n%s" % (len(args), pack_args(args))
 
 
 def fast_client(client: Any) -> bool:
