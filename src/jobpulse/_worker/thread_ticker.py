@@ -56,7 +56,7 @@ class ThreadTicker:
         self._sampler = ProcessSampler(clock)
         self._warn = RateLimitedLog(log, clock)
         self._server_delta: float | None = None
-        self._fast = fast_client(redis)  # one packed write on a pooled connection, no Pipeline
+        self.packed = fast_client(redis)  # a tick: one packed write on a pooled connection
         self.pipelines = 0
 
     @classmethod
@@ -168,7 +168,7 @@ class ThreadTicker:
         clock = clock_of(self._redis)
         try:
             clock.sample_sync(self._redis)  # argument time only, when due: else nothing
-            if self._fast:
+            if self.packed:
                 packed = pack_beats(batches, index, clock)
                 results = exchange_sync(self._redis, packed, len(batches) + len(index))
             else:

@@ -61,7 +61,7 @@ class Ticker:
         self._warn = RateLimitedLog(log, clock)
         self._sends = asyncio.Semaphore(SENDS)
         self._server_delta: float | None = None  # server clock (s) minus our clock
-        self._fast = fast_client(redis)  # one packed write on a pooled connection, no Pipeline
+        self.packed = fast_client(redis)  # a tick: one packed write on a pooled connection
         self.pipelines = 0
 
     @classmethod
@@ -182,7 +182,7 @@ class Ticker:
         try:
             async with asyncio.timeout(budget), self._sends:
                 await clock.sample(self._redis)  # argument time only, when due: else nothing
-                if self._fast:
+                if self.packed:
                     packed = pack_beats(batches, index, clock)
                     count = len(batches) + len(index)
                     results = await cancellable(exchange(self._redis, packed, count))
