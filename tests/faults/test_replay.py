@@ -11,14 +11,17 @@ from __future__ import annotations
 
 import dataclasses
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import ExitStack
 from dataclasses import dataclass
 
 import pytest
+import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
+import jobpulse.sync
 from jobpulse import (
     JobCancelled,
     JobState,
@@ -30,6 +33,8 @@ from jobpulse import (
 from jobpulse._protocol.keys import KeySchema
 from jobpulse._protocol.scripts import SCRIPTS
 from jobpulse._provision import LocalCluster, RedisServer
+from jobpulse._worker.thread_ticker import ThreadTicker
+from jobpulse._worker.ticker import Ticker
 
 from ..support import eventually
 from .proxy import FaultProxy
@@ -129,18 +134,42 @@ async def test_acquire_and_finish_replayed_give_the_same_outcome(
 async def test_a_checkpoint_beat_whose_reply_was_lost_is_recorded_once(
     replayed: Replayed, ns: str
 ) -> None:
-    """A single server's client retries the pipeline itself (a replay of the same beat); a
+    """A single server's client retries the packed write itself (a replay of the same beat); a
     cluster pipeline hands the connection error back, and the worker resends the checkpoint
     under the same seq. Either way beat.lua answers the second send as a replay."""
     client, direct = replayed.client, replayed.direct
     keys = KeySchema(ns).job("beat")
     async with heartbeat(client, "beat", namespace=ns, interval=30, ttl=60) as hb:
+        single = isinstance(client, aioredis.Redis)
+        assert Ticker.for_client(client, time.monotonic).packed is single  # else a Pipeline
         lost_beat = replayed.arm(SCRIPTS.beat.sha.encode(), keys.state, None)
         await hb.checkpoint(step=1)
         assert lost_beat.is_set()
         # the client's own retry (single) or the worker's resend (cluster) answered "written"
         assert hb.statistics().beats_failed == (0 if isinstance(client, aioredis.Redis) else 1)
     assert await _kinds(direct, keys.events) == [b"start", b"checkpoint", b"end"]
+
+
+def test_a_sync_checkpoint_beat_whose_reply_was_lost_is_recorded_once(ns: str) -> None:
+    """The thread ticker's packed write on a plain client: the connection's retry sends the
+    whole write again (the beat under the same seq), and beat.lua answers it as a replay."""
+    with RedisServer() as server, FaultProxy(server.port) as proxy:
+        client = redis.Redis(host="127.0.0.1", port=proxy.port)
+        direct = redis.Redis.from_url(server.url)
+        try:
+            direct.script_load(SCRIPTS.beat.text)  # a NOSCRIPT reply would be the one dropped
+            keys = KeySchema(ns).job("beat")
+            with jobpulse.sync.heartbeat(client, "beat", namespace=ns, interval=30, ttl=60) as hb:
+                assert ThreadTicker.for_client(client, time.monotonic).packed  # not a Pipeline
+                lost_beat = proxy.drop_reply_once(SCRIPTS.beat.sha.encode())
+                assert hb.checkpoint(step=1)
+                assert lost_beat.is_set()
+                assert hb.statistics().beats_failed == 0  # the client's own retry answered
+            kinds = [e[1][b"kind"] for e in direct.xrange(keys.events)]
+            assert [k for k in kinds if k != b"beat"] == [b"start", b"checkpoint", b"end"]
+        finally:
+            client.close()
+            direct.close()
 
 
 async def test_cancel_replayed_gives_the_same_outcome(replayed: Replayed, ns: str) -> None:

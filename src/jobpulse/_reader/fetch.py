@@ -2,7 +2,7 @@
 
 Both readers (asyncio and sync) build the same :class:`ReadRequest` and decode its replies with
 the same :meth:`ReadRequest.result`; only the write and the read of the bytes differ
-(:func:`exchange` and :func:`exchange_sync`, or redis-py's pipeline).
+(:func:`~jobpulse._protocol.wire.exchange` and ``exchange_sync``, or redis-py's pipeline).
 
 On a plain client (``redis.Redis`` / ``redis.asyncio.Redis``, Sentinel-managed too) the read
 skips redis-py's ``Pipeline``: the three commands are packed into one byte string (the field
@@ -34,13 +34,12 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
 
-import redis
-import redis.asyncio
 from redis.exceptions import ResponseError
 
 from .._protocol.clock import clock_of
 from .._protocol.errors import error_code, is_unknown_command, is_wrongtype
 from .._protocol.keys import JobKeys
+from .._protocol.wire import bulk, exchange, exchange_sync, fast_client
 from ..errors import ProtocolError
 from .status import (
     ALL_FIELDS,
@@ -94,18 +93,14 @@ def merge(older: Read, newer: Read) -> Read:
 # -- the bytes ---------------------------------------------------------------------------------
 
 
-def _bulk(value: bytes) -> bytes:
-    return b"$%d\r\n%s\r\n" % (len(value), value)
-
-
 @lru_cache(maxsize=64)
 def _hmget_tail(names: tuple[str, ...]) -> bytes:
-    return b"".join(_bulk(name.encode()) for name in names)
+    return b"".join(bulk(name.encode()) for name in names)
 
 
 @lru_cache(maxsize=8)
 def _time_packed(command: str) -> bytes:
-    return b"*1\r\n" + _bulk(command.encode())
+    return b"*1\r\n" + bulk(command.encode())
 
 
 def pack_read(
@@ -114,68 +109,9 @@ def pack_read(
     """The RESP of one read: ``HMGET state names…``, ``PTTL alive`` and ``time_command`` (when
     not None), in one write."""
     head = b"*%d\r\n$5\r\nHMGET\r\n" % (len(names) + 2)
-    pttl = b"*2\r\n$4\r\nPTTL\r\n" + _bulk(alive_key.encode())
+    pttl = b"*2\r\n$4\r\nPTTL\r\n" + bulk(alive_key.encode())
     tail = b"" if time_command is None else _time_packed(time_command)
-    return b"".join((head, _bulk(state_key.encode()), _hmget_tail(names), pttl, tail))
-
-
-def fast_client(client: Any) -> bool:
-    """True when reads go as packed bytes on a pooled connection: a plain client, not a
-    cluster and not a ``single_connection_client``."""
-    plain = isinstance(client, redis.asyncio.Redis | redis.Redis)
-    return plain and getattr(client, "connection", None) is None
-
-
-# -- the I/O (the only part that differs between the two readers) -----------------------------
-
-
-async def _send_read(conn: Any, packed: bytes, count: int) -> list[Any]:
-    await conn.send_packed_command([packed])
-    replies: list[Any] = []
-    for _ in range(count):
-        try:
-            replies.append(await conn.read_response())
-        except ResponseError as exc:  # an error reply: keep reading the others
-            replies.append(exc)
-    return replies
-
-
-async def exchange(client: Any, packed: bytes, count: int) -> list[Any]:
-    """Write ``packed`` (``count`` commands) on one connection of ``client``'s pool and read
-    the ``count`` replies, error replies in their place (asyncio client)."""
-    pool = client.connection_pool
-    conn = await pool.get_connection()
-    try:
-        replies: list[Any] = await conn.retry.call_with_retry(
-            lambda: _send_read(conn, packed, count), lambda _error: conn.disconnect()
-        )
-        return replies
-    finally:
-        await pool.release(conn)
-
-
-def _send_read_sync(conn: Any, packed: bytes, count: int) -> list[Any]:
-    conn.send_packed_command([packed])
-    replies: list[Any] = []
-    for _ in range(count):
-        try:
-            replies.append(conn.read_response())
-        except ResponseError as exc:
-            replies.append(exc)
-    return replies
-
-
-def exchange_sync(client: Any, packed: bytes, count: int) -> list[Any]:
-    """:func:`exchange` for a blocking client."""
-    pool = client.connection_pool
-    conn = pool.get_connection()
-    try:
-        replies: list[Any] = conn.retry.call_with_retry(
-            lambda: _send_read_sync(conn, packed, count), lambda _error: conn.disconnect()
-        )
-        return replies
-    finally:
-        pool.release(conn)
+    return b"".join((head, bulk(state_key.encode()), _hmget_tail(names), pttl, tail))
 
 
 # -- the clock ---------------------------------------------------------------------------------

@@ -22,7 +22,7 @@ from collections import deque
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from .._protocol import calls
+from .._protocol import calls, wire
 from .._protocol.calls import AcquireCode, AcquireReply, BeatCode, BeatReply, FinishCode
 from .._protocol.codec import dump_json, fmt_float, fmt_int, load_json
 from .._protocol.keys import KeySchema, check_job_id
@@ -144,8 +144,10 @@ class BeatMachine(Generic[H]):
         # the first send ran after all (its reply lost), beat.lua answers the resend as a
         # replay and the checkpoint is recorded once
         self._replay: tuple[int, tuple[str, H]] | None = None
-        self._head: list[bytes] = []
+        self.beat_head: tuple[bytes, ...] = ()  # token, fence, ttl_ms: a segment's 2nd-4th
         self.beat_keys: tuple[bytes, ...] = ()
+        # the RESP of beat_keys and of beat_head, for a packed write (plan.pack_beats)
+        self.beat_wire: tuple[bytes, bytes] = (b"", b"")
         # the dynamic values the snapshot is known to hold (None: unknown, sent next beat) and
         # (values, indexes sent, seq reused) of the beat in flight
         self._known: list[str | None] = [None] * len(_ALL)
@@ -186,7 +188,8 @@ class BeatMachine(Generic[H]):
         self.lease = Lease(self.cfg.ttl, sent_at)
         # What every beat carries unchanged, encoded once (redis-py passes bytes through).
         self.beat_keys = tuple(k.encode() for k in self.keys)
-        self._head = [str(x).encode() for x in (self.token, self.fence, self.cfg.ttl_ms)]
+        self.beat_head = tuple(str(x).encode() for x in (self.token, self.fence, self.cfg.ttl_ms))
+        self.beat_wire = (wire.pack_args(self.beat_keys), wire.pack_args(self.beat_head))
         self._known = [None] * len(_ALL)  # the first beat sends every field
         self.due = sent_at + self.cfg.interval
 
@@ -263,7 +266,7 @@ class BeatMachine(Generic[H]):
         if kind and present[:3] != [0, 1, 2]:
             present = sorted({0, 1, 2, *present})
         names = "".join([_DIGITS[i] for i in present])
-        args: list[Any] = [0, *self._head, self.seq, names + "+" if kind else names]
+        args: list[Any] = [0, *self.beat_head, self.seq, names + "+" if kind else names]
         args += [values[i] for i in present]
         if kind:
             args += [kind, details, self.cfg.maxlen]

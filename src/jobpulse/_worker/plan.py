@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
-from .._protocol import calls
+from .._protocol import calls, wire
 from .._protocol.calls import BeatReply
 from .._protocol.clock import ScriptClock, refuses_time
 from .._protocol.errors import is_noscript
@@ -31,6 +31,7 @@ __all__ = [
     "Beating",
     "Settled",
     "beat_calls",
+    "pack_beats",
     "settle_beats",
 ]
 
@@ -153,6 +154,47 @@ def beat_calls(
             command = calls.beat_command([(job.machine.beat_keys, seg) for job, seg in part])
             out.append(([job for job, _ in part], command))
     return out
+
+
+def pack_beats(
+    batches: Sequence[tuple[Sequence[J], Sequence[Any]]],
+    index: dict[str, dict[str, int]],
+    clock: ScriptClock,
+) -> bytes:
+    """One write of a tick's ``beat.lua`` calls (as :func:`beat_calls` built them, stamped by
+    ``clock``) and one ``ZADD key GT`` per ``index`` key, for a plain client
+    (:func:`~jobpulse._protocol.wire.exchange`): the bytes redis-py's pipeline would write for
+    the same commands, in the same order. Each job's keys and the constant head of its
+    segment (token, fence, ``ttl_ms``) are taken from its machine's ``beat_wire``, packed once
+    at acquire; only ``n``, seq, names and values are packed per beat."""
+    parts = [_pack_call(jobs, clock.stamp(command)) for jobs, command in batches]
+    for key, members in index.items():
+        args: list[Any] = ["ZADD", key, "GT"]  # a deadline never moves back
+        for member, score in members.items():
+            args += (score, member)
+        parts.append(wire.pack(args))
+    return b"".join(parts)
+
+
+def _pack_call(jobs: Sequence[Beating], command: Sequence[Any]) -> bytes:
+    """One stamped ``beat.lua`` call of ``jobs`` (see :func:`pack_beats`)."""
+    machines = [job.machine for job in jobs]
+    nkeys = command[2]
+    if sum(len(m.beat_keys) for m in machines) != nkeys:  # not built by beat_calls
+        return wire.pack(command)
+    parts = [b"*%d\r\n" % len(command), wire.pack_args(command[:3])]
+    parts += [m.beat_wire[0] for m in machines]
+    at = 3 + nkeys
+    for m in machines:
+        end = at + command[at] + 1  # a segment: its length n, then n arguments
+        if tuple(command[at + 1 : at + 4]) == m.beat_head:  # token, fence, ttl_ms: packed
+            parts += (wire.pack_args((command[at],)), m.beat_wire[1])
+            parts.append(wire.pack_args(command[at + 4 : end]))
+        else:
+            parts.append(wire.pack_args(command[at:end]))
+        at = end
+    parts.append(wire.pack_args(command[at:]))  # the argument clock's time, if stamped
+    return b"".join(parts)
 
 
 @dataclass(slots=True)

@@ -2,10 +2,11 @@
 
 The thread shell's twin of ``ticker.py``: the same :class:`~jobpulse._worker.plan.BeatPlan`
 decides who is due, the same :func:`~jobpulse._worker.plan.settle_beats` hands replies back;
-only the timer (a ``threading.Condition``) and the I/O (a blocking pipeline) differ. The thread
-also keeps every job's lease deadline (a heap of deadlines, re-armed at the later deadline when
-the lease was renewed meanwhile, as the asyncio shell's loop timers are), so a lease expires on
-time whatever the bodies do; a body learns of it through ``check()``/``cancelled``.
+only the timer (a ``threading.Condition``) and the I/O (a blocking exchange or pipeline) differ.
+The thread also keeps every job's lease deadline (a heap of deadlines, re-armed at the later
+deadline when the lease was renewed meanwhile, as the asyncio shell's loop timers are), so a
+lease expires on time whatever the bodies do; a body learns of it through
+``check()``/``cancelled``.
 
 A blocking pipeline is bounded by the client's ``socket_timeout``, not by the lease: give the
 client one below ``ttl`` (``docs/sync.md``). While a send blocks, deadlines are still honoured
@@ -28,7 +29,8 @@ from typing import Any
 from .._protocol.clock import clock_of
 from .._protocol.errors import is_redis_fault, tolerate_faults
 from .._protocol.ratelimit import RateLimitedLog
-from .plan import CHUNK, Beating, BeatPlan, beat_calls, settle_beats
+from .._protocol.wire import exchange_sync, fast_client
+from .plan import CHUNK, Beating, BeatPlan, beat_calls, pack_beats, settle_beats
 from .sampling import ProcessSample, ProcessSampler
 from .stats import WORKER_STATS
 
@@ -54,6 +56,7 @@ class ThreadTicker:
         self._sampler = ProcessSampler(clock)
         self._warn = RateLimitedLog(log, clock)
         self._server_delta: float | None = None
+        self.packed = fast_client(redis)  # a tick: one packed write on a pooled connection
         self.pipelines = 0
 
     @classmethod
@@ -165,12 +168,16 @@ class ThreadTicker:
         clock = clock_of(self._redis)
         try:
             clock.sample_sync(self._redis)  # argument time only, when due: else nothing
-            pipe = self._redis.pipeline(transaction=False)
-            for _jobs, command in batches:
-                pipe.execute_command(*clock.stamp(command))
-            for key, members in index.items():
-                pipe.zadd(key, members, gt=True)  # a deadline never moves back
-            results = pipe.execute(raise_on_error=False)
+            if self.packed:
+                packed = pack_beats(batches, index, clock)
+                results = exchange_sync(self._redis, packed, len(batches) + len(index))
+            else:
+                pipe = self._redis.pipeline(transaction=False)
+                for _jobs, command in batches:
+                    pipe.execute_command(*clock.stamp(command))
+                for key, members in index.items():
+                    pipe.zadd(key, members, gt=True)  # a deadline never moves back
+                results = pipe.execute(raise_on_error=False)
             self.pipelines += 1
             WORKER_STATS.beats += len(jobs)
         except Exception as exc:

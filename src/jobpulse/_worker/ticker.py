@@ -3,11 +3,14 @@
 One task and one round trip per job tops out near 4,000 beats/s; here every tick takes the jobs
 that are due from the shared :class:`~jobpulse._worker.plan.BeatPlan` (those due within a tenth
 of their interval too, so beats coalesce), builds their beats synchronously in chunks of
-``CHUNK`` (yielding to the loop between chunks), and sends each chunk as one pipeline of
-``EVALSHA`` on its own connection; :func:`~jobpulse._worker.plan.settle_beats` hands the replies
-back. Lease deadlines are loop timers of each job (see ``JobHeartbeat._arm_expiry``), never
-checked by waiting for a reply, so a job's local-ttl stop does not depend on the ticker or on
-another job's slow reply; each pipeline is bounded by the smallest lease time left among its jobs.
+``CHUNK`` (yielding to the loop between chunks), and sends each chunk's ``EVALSHA`` calls and
+index ``ZADD``s on its own connection: on a plain client as one write packed by jobpulse
+(:func:`~jobpulse._worker.plan.pack_beats`, :func:`~jobpulse._protocol.wire.exchange`), on a
+cluster or a ``single_connection_client`` as one redis-py pipeline;
+:func:`~jobpulse._worker.plan.settle_beats` hands the replies back. Lease deadlines are loop
+timers of each job (see ``JobHeartbeat._arm_expiry``), never checked by waiting for a reply, so
+a job's local-ttl stop does not depend on the ticker or on another job's slow reply; each
+pipeline is bounded by the smallest lease time left among its jobs.
 
 The ticker's task lives exactly as long as it has jobs: the first ``add`` starts it, it returns
 when the last job is removed. The registry maps a client to its ticker weakly, so an idle
@@ -27,7 +30,8 @@ from .._protocol.clock import clock_of
 from .._protocol.deadline import cancellable
 from .._protocol.errors import is_redis_fault, tolerate_faults
 from .._protocol.ratelimit import RateLimitedLog
-from .plan import CHUNK, Beating, BeatPlan, beat_calls, settle_beats
+from .._protocol.wire import exchange, fast_client
+from .plan import CHUNK, Beating, BeatPlan, beat_calls, pack_beats, settle_beats
 from .sampling import ProcessSample, ProcessSampler
 from .stats import WORKER_STATS
 
@@ -57,6 +61,7 @@ class Ticker:
         self._warn = RateLimitedLog(log, clock)
         self._sends = asyncio.Semaphore(SENDS)
         self._server_delta: float | None = None  # server clock (s) minus our clock
+        self.packed = fast_client(redis)  # a tick: one packed write on a pooled connection
         self.pipelines = 0
 
     @classmethod
@@ -177,12 +182,17 @@ class Ticker:
         try:
             async with asyncio.timeout(budget), self._sends:
                 await clock.sample(self._redis)  # argument time only, when due: else nothing
-                pipe = self._redis.pipeline(transaction=False)
-                for _jobs, command in batches:
-                    pipe.execute_command(*clock.stamp(command))
-                for key, members in index.items():
-                    pipe.zadd(key, members, gt=True)  # a deadline never moves back
-                results = await cancellable(pipe.execute(raise_on_error=False))
+                if self.packed:
+                    packed = pack_beats(batches, index, clock)
+                    count = len(batches) + len(index)
+                    results = await cancellable(exchange(self._redis, packed, count))
+                else:
+                    pipe = self._redis.pipeline(transaction=False)
+                    for _jobs, command in batches:
+                        pipe.execute_command(*clock.stamp(command))
+                    for key, members in index.items():
+                        pipe.zadd(key, members, gt=True)  # a deadline never moves back
+                    results = await cancellable(pipe.execute(raise_on_error=False))
             self.pipelines += 1
             WORKER_STATS.beats += len(jobs)
         except Exception as exc:

@@ -1,0 +1,125 @@
+"""Commands on the wire without redis-py's ``Pipeline``: our own RESP packing and one exchange.
+
+The reader (``_reader/fetch.py``) and both tickers (``_worker/ticker.py``,
+``_worker/thread_ticker.py``) use it on a plain client (``redis.Redis`` /
+``redis.asyncio.Redis``, Sentinel-managed too; :func:`fast_client`): their commands are packed
+into one byte string (:func:`pack`, constant parts such as keys encoded once by the caller and
+passed as bytes), written on one connection taken from the client's pool, and the replies read
+back as the parser gives them (RESP2 or RESP3). An error reply is kept in its place and the
+remaining replies are still read, so the connection stays in step; the list has the shape of
+``pipe.execute(raise_on_error=False)``. Connection faults and timeouts go through the
+connection's own ``Retry``, as redis-py's commands do: the connection is closed and the whole
+write sent again, so only commands safe to replay may be sent here (a read; a beat, which a
+replay of the same seq leaves as one; ``ZADD GT``). An exchange that is cancelled or fails
+mid-way closes its connection before it goes back to the pool (redis-py's ``read_response``
+does), so no later command can read a stale reply. A Redis Cluster and a
+``single_connection_client`` keep redis-py's pipeline (the cluster client routes it and follows
+MOVED/ASK; the single connection has its own lock).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import redis
+import redis.asyncio
+from redis.exceptions import ResponseError
+
+__all__ = ["bulk", "exchange", "exchange_sync", "fast_client", "pack", "pack_args"]
+
+
+def bulk(value: bytes) -> bytes:
+    """One RESP bulk string."""
+    return b"$%d\r\n%s\r\n" % (len(value), value)
+
+
+def _text(value: str) -> bytes:
+    data = value.encode()
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+def _int(value: int) -> bytes:
+    data = b"%d" % value
+    return b"$%d\r\n%s\r\n" % (len(data), data)
+
+
+def _float(value: float) -> bytes:
+    return _text(repr(value))
+
+
+_ENCODE: dict[type, Callable[[Any], bytes]] = {bytes: bulk, str: _text, int: _int, float: _float}
+
+
+def _arg(value: Any) -> bytes:
+    encode = _ENCODE.get(type(value))
+    if encode is None:
+        raise TypeError(f"cannot send {type(value).__name__} {value!r} to Redis")
+    return encode(value)
+
+
+def pack_args(args: Iterable[Any]) -> bytes:
+    """The RESP of ``args`` as bulk strings, no array header: bytes as they are, text as
+    UTF-8, integers and floats as redis-py writes them (``repr`` for a float)."""
+    return b"".join([_arg(a) for a in args])
+
+
+def pack(args: Sequence[Any]) -> bytes:
+    """The RESP of one command (see :func:`pack_args`)."""
+    return b"*%d\r\n%s" % (len(args), pack_args(args))
+
+
+def fast_client(client: Any) -> bool:
+    """True when commands go as packed bytes on a pooled connection: a plain client, not a
+    cluster and not a ``single_connection_client``."""
+    plain = isinstance(client, redis.asyncio.Redis | redis.Redis)
+    return plain and getattr(client, "connection", None) is None
+
+
+async def _send(conn: Any, packed: bytes, count: int) -> list[Any]:
+    await conn.send_packed_command([packed])
+    replies: list[Any] = []
+    for _ in range(count):
+        try:
+            replies.append(await conn.read_response())
+        except ResponseError as exc:  # an error reply: keep reading the others
+            replies.append(exc)
+    return replies
+
+
+async def exchange(client: Any, packed: bytes, count: int) -> list[Any]:
+    """Write ``packed`` (``count`` commands) on one connection of ``client``'s pool and read
+    the ``count`` replies, error replies in their place (asyncio client)."""
+    pool = client.connection_pool
+    conn = await pool.get_connection()
+    try:
+        replies: list[Any] = await conn.retry.call_with_retry(
+            lambda: _send(conn, packed, count), lambda _error: conn.disconnect()
+        )
+        return replies
+    finally:
+        await pool.release(conn)
+
+
+def _send_sync(conn: Any, packed: bytes, count: int) -> list[Any]:
+    conn.send_packed_command([packed])
+    replies: list[Any] = []
+    for _ in range(count):
+        try:
+            replies.append(conn.read_response())
+        except ResponseError as exc:
+            replies.append(exc)
+    return replies
+
+
+def exchange_sync(client: Any, packed: bytes, count: int) -> list[Any]:
+    """:func:`exchange` for a blocking client."""
+    pool = client.connection_pool
+    conn = pool.get_connection()
+    try:
+        replies: list[Any] = conn.retry.call_with_retry(
+            lambda: _send_sync(conn, packed, count), lambda _error: conn.disconnect()
+        )
+        return replies
+    finally:
+        pool.release(conn)

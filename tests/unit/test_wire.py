@@ -1,0 +1,90 @@
+"""Our RESP packing (``_protocol/wire.py``, ``plan.pack_beats``) writes the bytes redis-py's own
+packer writes for the same command: the tickers' and the reader's packed writes are the
+commands their pipelines would send."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from redis.connection import Connection
+
+from jobpulse._protocol import calls, wire
+from jobpulse._protocol.calls import AcquireCode, AcquireReply
+from jobpulse._protocol.clock import ScriptClock
+from jobpulse._worker.machine import BeatMachine
+from jobpulse._worker.plan import beat_calls, pack_beats
+from jobpulse._worker.sampling import ProcessSample
+
+SAMPLE = ProcessSample(rss_bytes=1000, cpu_seconds=0.5)
+
+
+class _Job:
+    def __init__(self, job_id: str, **options: Any) -> None:
+        settings: dict[str, Any] = dict(
+            total=None, interval=1.0, ttl=6.0, namespace="t", meta=None, kind="k",
+            worker="w", stream_every=10, maxlen=1000, retention=3600.0,
+            max_meta_bytes=65536, max_details_bytes=65536, final_timeout=30.0,
+            index_every=10, index_shards=1,
+        )  # fmt: skip
+        settings.update(options)
+        self.machine: BeatMachine[str] = BeatMachine(job_id, **settings)
+        self.machine.acquired(AcquireReply(AcquireCode.STARTED, 3, 1, 0, "", 1000), sent_at=100.0)
+
+
+def _redis_py(*args: Any) -> bytes:
+    return b"".join(Connection().pack_command(*args))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("PTTL", "k"),
+        ("EVALSHA", "ab" * 20, 2, b"k1", b"k2", 0, -7, 1.5, "é", b"", ""),
+        ("HSET", "k", "f", 12345678901234567890, "g", 0.1),
+    ],
+)
+def test_pack_writes_what_redis_py_writes(args: tuple[Any, ...]) -> None:
+    assert wire.pack(args) == _redis_py(*args)
+
+
+def test_pack_refuses_what_it_cannot_send() -> None:
+    with pytest.raises(TypeError, match="cannot send NoneType None"):
+        wire.pack(["SET", "k", None])
+
+
+def test_pack_beats_is_the_pipeline_of_the_beat_calls_and_index_zadds() -> None:
+    segment = calls.beat_segment(token="t", fence=3, ttl_ms=30000, seq=9, fields={"done": 4})
+    command = calls.beat_command([((b"a", b"b", b"c", b"d", b"e"), segment)])
+    index = {"ns:running": {"j1": 1700, "j2": 1800}, "ns:kinds": {"kind": 1900}}
+    packed = pack_beats([([], command)], index, ScriptClock())
+    expected = _redis_py(*command)
+    expected += _redis_py("ZADD", "ns:running", "GT", 1700, "j1", 1800, "j2")
+    expected += _redis_py("ZADD", "ns:kinds", "GT", 1900, "kind")
+    assert packed == expected
+
+
+@pytest.mark.parametrize("mode", ["server", "argument"])
+def test_pack_beats_with_each_jobs_prepacked_keys_and_head(mode: Any) -> None:
+    """Real machines' segments (a first beat: every field; one with a stream entry), in
+    batches of ``beat_calls``, under either clock: redis-py's bytes."""
+    jobs = [_Job(f"j{i}", stream_every=1 + i % 2) for i in range(70)]
+    beats = [(job, job.machine.next_beat(101.0, 0.0, SAMPLE, 5, 9)) for job in jobs]
+    batches = beat_calls(beats, None)  # type: ignore[type-var]
+    clock = ScriptClock(mode=mode)
+    packed = pack_beats(batches, {}, clock)  # type: ignore[arg-type]
+    stamped = [clock.stamp(command) for _, command in batches]
+    assert mode == "server" or stamped[0][1] != calls.SCRIPTS.beat.sha
+    assert packed == b"".join(_redis_py(*command) for command in stamped)
+
+
+def test_pack_beats_sends_the_keys_and_head_packed_at_acquire() -> None:
+    job = _Job("j")
+    beats = [(job, job.machine.next_beat(101.0, 0.0, SAMPLE, 5, 9))]
+    keys, head = job.machine.beat_wire
+    job.machine.beat_wire = (b"<keys>", b"<head>")  # what was packed once is what is sent
+    packed = pack_beats(beat_calls(beats, None), {}, ScriptClock())  # type: ignore[type-var]
+    assert packed.count(b"<keys>") == 1
+    assert packed.count(b"<head>") == 1
+    assert keys not in packed
+    assert head not in packed
