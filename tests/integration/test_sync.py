@@ -188,6 +188,7 @@ def test_sync_reader_get_wait_and_watch(sync_client: redis.Redis, ns: str) -> No
     assert kinds[-1] == "end"
 
 
+@pytest.mark.xdist_group("cpu")  # burners never overlap on parallel workers (README)
 def test_sync_body_beside_cpu_bound_threads_is_never_stale(
     sync_client: redis.Redis, ns: str
 ) -> None:
