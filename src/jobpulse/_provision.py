@@ -156,6 +156,7 @@ class RedisServer:
         self.args = list(args or [])
         self.dir = tempfile.mkdtemp(prefix="jobpulse-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
+        self._started = False
 
     @property
     def url(self) -> str:
@@ -164,13 +165,18 @@ class RedisServer:
     def start(self, timeout: float = 10.0) -> RedisServer:
         """Start (or start again, on the same port, with empty data).
 
-        When the port was taken meanwhile, a port this server picked is replaced by another
-        one (up to 5 times); a port given by the caller, or a restart's, raises RuntimeError.
+        When the port was taken before the first start, a port this server picked is replaced
+        by another one (up to 5 times). A port given by the caller, and the port of a start
+        again (clients know it), are never replaced: RuntimeError.
         """
+        return self._start(timeout, may_move=self._pick_port is not None and not self._started)
+
+    def _start(self, timeout: float, *, may_move: bool) -> RedisServer:
         for _ in range(5):
             if self._start_on_port(timeout):
+                self._started = True
                 return self
-            if self._pick_port is None or self.proc is None or self.proc.returncode is None:
+            if not may_move or self._pick_port is None or self.proc is None:
                 break
             self.port = self._pick_port()  # never bound: another process took it meanwhile
         raise RuntimeError(f"redis-server did not start on port {self.port}")
@@ -204,7 +210,7 @@ class RedisServer:
     def restart(self) -> None:
         """Kill and start again on the same port; the data is gone."""
         self.stop()
-        self.start()
+        self._start(10.0, may_move=False)
 
     def close(self) -> None:
         self.stop()

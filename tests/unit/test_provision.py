@@ -29,3 +29,19 @@ def test_a_server_given_a_taken_port_raises() -> None:
                 server.start()
         finally:
             server.close()
+
+
+def test_a_server_started_again_keeps_its_port_or_raises() -> None:
+    """Clients know a server's port: stopped and started again (or restarted), it never moves,
+    even when someone took the port meanwhile."""
+    with RedisServer() as server:
+        port = server.port
+        server.restart()
+        assert server.port == port
+        server.stop()
+        with RedisServer(port=port) as thief:
+            with pytest.raises(RuntimeError, match=f"did not start on port {port}"):
+                server.start()
+            assert server.port == port
+            assert thief.proc is not None
+            assert thief.proc.poll() is None
