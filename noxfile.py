@@ -12,7 +12,7 @@ nox.options.reuse_existing_virtualenvs = True
 def tests(session: nox.Session) -> None:
     """The test suite against a real Redis (REDIS_URL, a container, or a private redis-server)."""
     session.install("-e", ".[dev]")
-    session.run("pytest", *session.posargs)
+    session.run("pytest", *(session.posargs or ["-n", "2", "--dist", "loadgroup"]))  # as CI
 
 
 @nox.session(python="3.11")

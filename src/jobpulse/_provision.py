@@ -19,7 +19,7 @@ import socket
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 __all__ = [
@@ -107,45 +107,98 @@ def redis_answers(host: str, port: int, timeout: float = 0.5) -> bool:
         return False
 
 
+def _answering_pid(host: str, port: int, timeout: float = 0.5) -> int | None:
+    """The ``process_id`` of the server that answers at host:port (``INFO server``), or None."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout) as s:
+            s.sendall(b"INFO server\r\n")
+            data = b""
+            while b"process_id:" not in data or not data.endswith(b"\r\n"):
+                chunk = s.recv(65536)
+                if not chunk:
+                    return None
+                data += chunk
+    except OSError:
+        return None
+    line = data.split(b"process_id:", 1)[1].split(b"\r\n", 1)[0]
+    return int(line) if line.isdigit() else None
+
+
 class RedisServer:
     """A private ``redis-server`` (or ``valkey-server``) process on a free loopback port, with no
     persistence.
 
     Tests that stop, restart, flood or reconfigure Redis use one of these, never a shared server.
 
+    A port picked here was free a moment ago only: another process (a parallel test worker) may
+    take it before the server binds it. :meth:`start` then picks another one, and it never
+    mistakes a server of someone else on its port for its own (it checks the process id).
+
     Args:
-        port: the port (default: a free one).
+        port: the port (default: a free one, from ``pick_port``).
         args: extra server arguments (e.g. ``["--maxmemory", "2mb"]``).
         server: ``"redis"`` or ``"valkey"`` (default: :func:`server_binary`'s choice).
+        pick_port: how a free port is picked when ``port`` is not given (default
+            :func:`free_port`).
     """
 
     def __init__(
-        self, port: int | None = None, args: list[str] | None = None, server: str | None = None
+        self,
+        port: int | None = None,
+        args: list[str] | None = None,
+        server: str | None = None,
+        *,
+        pick_port: Callable[[], int] = free_port,
     ) -> None:
         self.exe = server_binary(server)
-        self.port = port or free_port()
+        self._pick_port = None if port else pick_port
+        self.port = port or pick_port()
         self.args = list(args or [])
         self.dir = tempfile.mkdtemp(prefix="jobpulse-redis-")
         self.proc: subprocess.Popen[bytes] | None = None
+        self._started = False
 
     @property
     def url(self) -> str:
         return f"redis://127.0.0.1:{self.port}/0"
 
     def start(self, timeout: float = 10.0) -> RedisServer:
-        """Start (or start again, on the same port, with empty data)."""
+        """Start (or start again, on the same port, with empty data).
+
+        When the port was taken before the first start, a port this server picked is replaced
+        by another one (up to 5 times). A port given by the caller, and the port of a start
+        again (clients know it), are never replaced: RuntimeError.
+        """
+        return self._start(timeout, may_move=self._pick_port is not None and not self._started)
+
+    def _start(self, timeout: float, *, may_move: bool) -> RedisServer:
+        for _ in range(5):
+            if self._start_on_port(timeout):
+                self._started = True
+                return self
+            if not may_move or self._pick_port is None or self.proc is None:
+                break
+            self.port = self._pick_port()  # never bound: another process took it meanwhile
+        raise RuntimeError(f"redis-server did not start on port {self.port}")
+
+    def _start_on_port(self, timeout: float) -> bool:
+        """True once our process answers on ``self.port``; False when it exited first (the
+        port was taken, or the server failed) or did not answer within ``timeout``."""
         cmd = [self.exe, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
                "--appendonly", "no", "--dir", self.dir, "--daemonize", "no",
                "--loglevel", "warning", *self.args]  # fmt: skip
         log = Path(self.dir, "redis.log").open("ab")  # noqa: SIM115 - owned by the process
-        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+        self.proc = proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
         log.close()
         deadline = time.monotonic() + timeout
-        while not redis_answers("127.0.0.1", self.port):
-            if self.proc.poll() is not None or time.monotonic() > deadline:
-                raise RuntimeError(f"redis-server did not start on port {self.port}")
+        while proc.poll() is None and time.monotonic() < deadline:
+            if _answering_pid("127.0.0.1", self.port) == proc.pid:
+                return True
             time.sleep(0.02)
-        return self
+        if proc.poll() is None:  # no answer in time
+            proc.kill()
+            proc.wait(10)
+        return False
 
     def stop(self) -> None:
         """Kill the server (SIGKILL: no data survives, like a crash without persistence)."""
@@ -157,7 +210,7 @@ class RedisServer:
     def restart(self) -> None:
         """Kill and start again on the same port; the data is gone."""
         self.stop()
-        self.start()
+        self._start(10.0, may_move=False)
 
     def close(self) -> None:
         self.stop()
@@ -189,7 +242,7 @@ class LocalCluster:
         self.servers = [
             RedisServer(
                 server=server,
-                port=free_cluster_port(),
+                pick_port=free_cluster_port,
                 args=[
                     "--cluster-enabled",
                     "yes",
@@ -289,10 +342,8 @@ class LocalSentinel:
         self.name = name
         self.exe = server_binary(server)
         self.master = RedisServer(server=server)
-        self.replicas = [
-            RedisServer(server=server, args=["--replicaof", "127.0.0.1", str(self.master.port)])
-            for _ in range(replicas)
-        ]
+        self.replicas = [RedisServer(server=server) for _ in range(replicas)]  # of the master:
+        # --replicaof is set in start(), once the master's port is final
         self.sentinel_ports = [free_port() for _ in range(sentinels)]
         self.down_after, self.failover_timeout = down_after, failover_timeout
         self.dir = tempfile.mkdtemp(prefix="jobpulse-sentinel-")
@@ -308,8 +359,10 @@ class LocalSentinel:
 
     def start(self, timeout: float = 30.0) -> LocalSentinel:
         deadline = time.monotonic() + timeout
-        for server in self.servers:
-            server.start()
+        self.master.start()
+        for replica in self.replicas:
+            replica.args = ["--replicaof", "127.0.0.1", str(self.master.port)]
+            replica.start()
         while not all(_info_has(r.port, "master_link_status:up") for r in self.replicas):
             _wait(deadline, "the replicas did not sync with the master")
         for port in self.sentinel_ports:

@@ -29,9 +29,13 @@ ARGS = [
 ARTIFACTS = ROOT / "test-artifacts"
 WAIT_MS = 60_000
 
-pytestmark = pytest.mark.skipif(
-    not Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM} (apt-get install chromium)"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not Path(CHROMIUM).exists(),
+        reason=f"no Chromium at {CHROMIUM} (apt-get install chromium)",
+    ),
+    pytest.mark.xdist_group("dashboard"),  # one worker, one browser (module fixture)
+]
 
 
 @pytest.fixture(scope="module")

@@ -26,9 +26,12 @@ from .test_dashboard import ARGS, ARTIFACTS, CHROMIUM, WAIT_MS, row, state_is
 
 playwright_api = pytest.importorskip("playwright.sync_api")
 
-pytestmark = pytest.mark.skipif(
-    not __import__("pathlib").Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}"
-)
+pytestmark = [
+    pytest.mark.skipif(
+        not __import__("pathlib").Path(CHROMIUM).exists(), reason=f"no Chromium at {CHROMIUM}"
+    ),
+    pytest.mark.xdist_group("operator"),  # one worker, one browser (module fixture)
+]
 KINDS = ("report", "etl", "video", "email")
 
 

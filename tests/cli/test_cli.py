@@ -142,8 +142,16 @@ async def test_redis_url_comes_from_the_environment() -> None:
 # -- status ---------------------------------------------------------------------------------------
 
 
-async def test_status_json_of_a_running_job(redis_url: str, ns: str, redis: aioredis.Redis) -> None:
+async def test_status_json_of_a_running_job(
+    redis_url: str, ns: str, redis: aioredis.Redis, reader: StatusReader
+) -> None:
     async with worker(redis_url, ns, "run-1", total=10, step=0.01, outcome="hold"):
+        # The worker says ready once its lease is held; its stage reaches Redis with a beat
+        # after that (under load, after the CLI's read): wait for that beat first.
+        async def staged() -> bool:
+            return (await reader.get("run-1")).stage == "counting"
+
+        await eventually(staged, within=30)
         result = await cli("status", "run-1", "--json", "--redis", redis_url, "--namespace", ns)
         assert result.code == 0, result.err
         data = json.loads(result.out)

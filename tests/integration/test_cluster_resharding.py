@@ -31,94 +31,105 @@ async def test_moving_the_jobs_slot_mid_job_beats_and_watch_go_on(
     own_cluster: LocalCluster,
 ) -> None:
     client = await RedisCluster.from_url(own_cluster.url).initialize()
-    keys = KeySchema("jobpulse").job("moving")
-    slot = client.keyslot(keys.state)
-    src = client.get_node_from_key(keys.state)
-    assert src is not None
-    dst = next(n for n in client.get_primaries() if n.name != src.name)
-    admin = {n.name: Redis(host=n.host, port=n.port) for n in client.get_primaries()}
-    node_id = {
-        name: (await r.execute_command("CLUSTER", "MYID")).decode() for name, r in admin.items()
-    }
-
-    async def written(hb: object, more_than: int) -> bool:
-        return hb.statistics().beats_written > more_than  # type: ignore[attr-defined,no-any-return]
-
     try:
-        async with StatusReader(client, watch_block=0.5, liveness_interval=0.5) as reader:
-            events: list[Event] = []
+        keys = KeySchema("jobpulse").job("moving")
+        slot = client.keyslot(keys.state)
+        src = client.get_node_from_key(keys.state)
+        assert src is not None
+        dst = next(n for n in client.get_primaries() if n.name != src.name)
+        admin = {n.name: Redis(host=n.host, port=n.port) for n in client.get_primaries()}
+        node_id = {
+            name: (await r.execute_command("CLUSTER", "MYID")).decode() for name, r in admin.items()
+        }
 
-            async def watch() -> None:
-                async for event in reader.watch("moving"):
-                    events.append(event)
+        async def written(hb: object, more_than: int) -> bool:
+            return hb.statistics().beats_written > more_than  # type: ignore[attr-defined,no-any-return]
 
-            async with heartbeat(client, "moving", interval=0.05, ttl=5.0, stream_every=1) as hb:
-                watching = asyncio.create_task(watch())
-                await hb.checkpoint(step="before")
-                await eventually(
-                    lambda: _true(any(e.details == {"step": "before"} for e in events))
-                )
+        try:
+            async with StatusReader(client, watch_block=0.5, liveness_interval=0.5) as reader:
+                events: list[Event] = []
 
-                # 1. The slot migrates: its keys go to dst while src still owns it (ASK).
-                await admin[dst.name].execute_command(
-                    "CLUSTER", "SETSLOT", slot, "IMPORTING", node_id[src.name]
-                )
-                await admin[src.name].execute_command(
-                    "CLUSTER", "SETSLOT", slot, "MIGRATING", node_id[dst.name]
-                )
-                names = await admin[src.name].execute_command("CLUSTER", "GETKEYSINSLOT", slot, 100)
-                assert {n.decode() for n in names} >= {keys.state, keys.events, keys.lease}
-                await admin[src.name].execute_command(
-                    "MIGRATE", dst.host, dst.port, "", 0, 5000, "KEYS", *names
-                )
-                assert (
-                    await admin[src.name].execute_command("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
-                )
-                beats = hb.statistics().beats_written
-                hb.progress.advance(3)
-                await hb.checkpoint(step="asking")
-                await eventually(lambda: written(hb, beats + 5), within=30)
-                await eventually(
-                    lambda: _true(any(e.details == {"step": "asking"} for e in events))
-                )
-                # get() follows ASK too. redis-py sends ASKING and the redirected command on two
-                # pooled connections, so under concurrent use a read may end in "TTL exhausted",
-                # or in an AttributeError when the client's own aclose() (every 5th MOVED)
-                # closed the connection under it: both are Redis faults (is_redis_fault).
-                mid = await eventually(lambda: _read(client, "moving"), within=30)
-                assert (mid.state, mid.done) == (JobState.RUNNING, 3)
+                async def watch() -> None:
+                    async for event in reader.watch("moving"):
+                        events.append(event)
 
-                # 2. The slot is dst's (MOVED from now on).
-                # Destination first, then source, then the others (as redis-cli does), so no
-                # node sends a client back and forth.
-                order = [dst.name, src.name, *(n for n in admin if n not in (dst.name, src.name))]
-                for name in order:
-                    await admin[name].execute_command(
-                        "CLUSTER", "SETSLOT", slot, "NODE", node_id[dst.name]
+                async with heartbeat(
+                    client, "moving", interval=0.05, ttl=5.0, stream_every=1
+                ) as hb:
+                    watching = asyncio.create_task(watch())
+                    await hb.checkpoint(step="before")
+                    await eventually(
+                        lambda: _true(any(e.details == {"step": "before"} for e in events))
                     )
-                beats = hb.statistics().beats_written
-                hb.progress.advance(4)
-                await hb.checkpoint(step="after")
-                await eventually(lambda: written(hb, beats + 5), within=30)
-            await asyncio.wait_for(watching, 30)
-            status = await reader.get("moving")
-            stats = reader.statistics().watch
-    finally:
-        for r in admin.values():
-            await r.aclose()
-    ids = [e[0].decode() for e in await client.xrange(keys.events)]
-    assert [e.id for e in events] == ids  # no gap, no duplicate across the move
-    assert [e.details for e in events if e.kind == "checkpoint"] == [
-        {"step": "before"},
-        {"step": "asking"},
-        {"step": "after"},
-    ]
-    assert events[-1].kind == "end"
-    assert status.state is JobState.COMPLETED
-    assert status.done == 7
-    assert await admin_owner(client, keys.state) == dst.name
-    assert stats.reroutes >= 1  # the watch loop saw ASK or MOVED and re-resolved
-    await client.aclose()
+
+                    # 1. The slot migrates: its keys go to dst while src still owns it (ASK).
+                    await admin[dst.name].execute_command(
+                        "CLUSTER", "SETSLOT", slot, "IMPORTING", node_id[src.name]
+                    )
+                    await admin[src.name].execute_command(
+                        "CLUSTER", "SETSLOT", slot, "MIGRATING", node_id[dst.name]
+                    )
+                    names = await admin[src.name].execute_command(
+                        "CLUSTER", "GETKEYSINSLOT", slot, 100
+                    )
+                    assert {n.decode() for n in names} >= {keys.state, keys.events, keys.lease}
+                    await admin[src.name].execute_command(
+                        "MIGRATE", dst.host, dst.port, "", 0, 5000, "KEYS", *names
+                    )
+                    assert (
+                        await admin[src.name].execute_command("CLUSTER", "COUNTKEYSINSLOT", slot)
+                        == 0
+                    )
+                    beats = hb.statistics().beats_written
+                    hb.progress.advance(3)
+                    await hb.checkpoint(step="asking")
+                    await eventually(lambda: written(hb, beats + 5), within=30)
+                    await eventually(
+                        lambda: _true(any(e.details == {"step": "asking"} for e in events))
+                    )
+                    # get() follows ASK too. redis-py sends ASKING and the redirected command on two
+                    # pooled connections, so under concurrent use a read may end in "TTL exhausted",
+                    # or in an AttributeError when the client's own aclose() (every 5th MOVED)
+                    # closed the connection under it: both are Redis faults (is_redis_fault).
+                    mid = await eventually(lambda: _read(client, "moving"), within=30)
+                    assert (mid.state, mid.done) == (JobState.RUNNING, 3)
+
+                    # 2. The slot is dst's (MOVED from now on).
+                    # Destination first, then source, then the others (as redis-cli does), so no
+                    # node sends a client back and forth.
+                    order = [
+                        dst.name,
+                        src.name,
+                        *(n for n in admin if n not in (dst.name, src.name)),
+                    ]
+                    for name in order:
+                        await admin[name].execute_command(
+                            "CLUSTER", "SETSLOT", slot, "NODE", node_id[dst.name]
+                        )
+                    beats = hb.statistics().beats_written
+                    hb.progress.advance(4)
+                    await hb.checkpoint(step="after")
+                    await eventually(lambda: written(hb, beats + 5), within=30)
+                await asyncio.wait_for(watching, 30)
+                status = await reader.get("moving")
+                stats = reader.statistics().watch
+        finally:
+            for r in admin.values():
+                await r.aclose()
+        ids = [e[0].decode() for e in await client.xrange(keys.events)]
+        assert [e.id for e in events] == ids  # no gap, no duplicate across the move
+        assert [e.details for e in events if e.kind == "checkpoint"] == [
+            {"step": "before"},
+            {"step": "asking"},
+            {"step": "after"},
+        ]
+        assert events[-1].kind == "end"
+        assert status.state is JobState.COMPLETED
+        assert status.done == 7
+        assert await admin_owner(client, keys.state) == dst.name
+        assert stats.reroutes >= 1  # the watch loop saw ASK or MOVED and re-resolved
+    finally:  # also on failure: a client left open fails a later test (unclosed sockets)
+        await client.aclose()
 
 
 async def admin_owner(client: RedisCluster, key: str) -> str:

@@ -239,6 +239,7 @@ def burn_both_cores() -> Iterator[None]:
             p.wait()
 
 
+@pytest.mark.xdist_group("cpu")  # burners never overlap on parallel workers (README)
 @pytest.mark.usefixtures("burn_both_cores")
 async def test_beats_keep_their_interval_while_both_cores_burn(
     redis: aioredis.Redis, ns: str

@@ -255,6 +255,7 @@ async def test_frozen_worker_is_claimed_restarted_elsewhere_and_fenced_out_when_
 # -- live jobs are never claimed -------------------------------------------------------------------
 
 
+@pytest.mark.xdist_group("cpu")  # burners never overlap on parallel workers (README)
 async def test_live_jobs_on_cpu_saturated_workers_are_never_claimed(
     redis_url: str, redis: aioredis.Redis, ns: str, spawn: Any
 ) -> None:

@@ -188,6 +188,7 @@ def test_sync_reader_get_wait_and_watch(sync_client: redis.Redis, ns: str) -> No
     assert kinds[-1] == "end"
 
 
+@pytest.mark.xdist_group("cpu")  # burners never overlap on parallel workers (README)
 def test_sync_body_beside_cpu_bound_threads_is_never_stale(
     sync_client: redis.Redis, ns: str
 ) -> None:
@@ -202,17 +203,20 @@ def test_sync_body_beside_cpu_bound_threads_is_never_stale(
     spinners = [threading.Thread(target=spin) for _ in range(2)]
     reader = StatusReader(sync_client, namespace=ns, cache_ttl=0.0)
     states: set[JobState] = set()
-    with heartbeat(sync_client, "cpu", namespace=ns, interval=1.0, ttl=6.0) as hb:
-        for t in spinners:
-            t.start()
-        end = time.monotonic() + 30
-        while time.monotonic() < end:
-            states.add(reader.get("cpu").state)
-            hb.check()
-            time.sleep(0.5)
+    try:
+        with heartbeat(sync_client, "cpu", namespace=ns, interval=1.0, ttl=6.0) as hb:
+            for t in spinners:
+                t.start()
+            end = time.monotonic() + 30
+            while time.monotonic() < end:
+                states.add(reader.get("cpu").state)
+                hb.check()
+                time.sleep(0.5)
+    finally:  # also when the job fails: spinners left behind would starve every later test
         stop.set()
-    for t in spinners:
-        t.join()
+        for t in spinners:
+            if t.is_alive():
+                t.join()
     assert states == {JobState.RUNNING}
 
 

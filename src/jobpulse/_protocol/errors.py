@@ -34,6 +34,7 @@ from redis.exceptions import (
     NoScriptError,
     OutOfMemoryError,
     ReadOnlyError,
+    RedisClusterException,
     RedisError,
     ResponseError,
     TryAgainError,
@@ -164,10 +165,33 @@ def is_redis_fault(exc: BaseException) -> bool:
     """True for a fault of Redis or the network that a retry may get past.
 
     Connection resets and timeouts, READONLY (a failover turned the master into a replica),
-    OOM (``maxmemory`` with ``noeviction``), LOADING, our own deadline (TimeoutError), and a
-    connection that redis-py closed under a command in flight (see :func:`_closed_under_us`).
+    OOM (``maxmemory`` with ``noeviction``), LOADING, our own deadline (TimeoutError), a
+    connection that redis-py closed under a command in flight (see :func:`_closed_under_us`),
+    and a cluster client's slot refresh that reached no node because of such a fault (see
+    :func:`_no_node_reached`).
     """
-    return isinstance(exc, RedisError | OSError | TimeoutError) or _closed_under_us(exc)
+    return (
+        isinstance(exc, RedisError | OSError | TimeoutError)
+        or _closed_under_us(exc)
+        or _no_node_reached(exc)
+    )
+
+
+def _no_node_reached(exc: BaseException) -> bool:
+    """A ``RedisClusterException`` (not a ``RedisError``) raised by the cluster client's
+    ``nodes_manager.initialize()`` when no startup node answered ``CLUSTER SLOTS``: "Redis
+    Cluster cannot be connected…", raised ``from`` the last node's error.
+
+    It is a fault when that error is one: a reset, a timeout, or a connection that redis-py
+    closed under the refresh (its own ``aclose()`` after every fifth MOVED, from another task,
+    see :func:`_closed_under_us`). A watch rerouting after MOVED during a resharding met it.
+    When the cause is not a fault (``Cluster mode is not enabled on this node``: a
+    ``RedisClusterException`` of its own), neither is the refresh's failure.
+    """
+    if not isinstance(exc, RedisClusterException):
+        return False
+    cause = exc.__cause__
+    return cause is not None and cause is not exc and is_redis_fault(cause)
 
 
 def _closed_under_us(exc: BaseException) -> bool:
