@@ -182,6 +182,7 @@ async def _demo(
     pools = [ProcessPoolExecutor(1, mp_context=spawn, initializer=_ignore_sigint) for _ in ids]
     runs: dict[str, asyncio.Future[str]] = {}
     pids: list[int] = []
+    killed = _Killed()
     # SIGTERM: cancel this task; the interrupted path below cancels the jobs through Redis.
     main = asyncio.current_task()
     assert main is not None
@@ -207,17 +208,18 @@ async def _demo(
                 for job, pool in zip(ids, pools, strict=True)
             }
             try:
-                code = await _drive(client, ns, ids, runs, pids[0] if kill else None, board)
+                victim = pids[0] if kill else None
+                code = await _drive(client, ns, ids, runs, victim, board, killed)
             except BaseException:
                 # Ctrl-C reached a private redis-server too (same terminal); SIGTERM did not.
                 cancel = terminated.is_set() or not own_redis
-                await _stop(client, ns, runs, pids, cancel=cancel)
+                await _stop(client, ns, runs, pids, killed, cancel=cancel)
                 raise
     finally:
         loop.remove_signal_handler(signal.SIGTERM)
         for pool in pools:
             pool.shutdown(wait=True, cancel_futures=True)
-        _forget_leftovers(pids)
+        killed.forget_blocks()
     return code
 
 
@@ -228,6 +230,7 @@ async def _drive(
     runs: dict[str, asyncio.Future[str]],
     victim_pid: int | None,
     board: Board,
+    killed: _Killed,
 ) -> int:
     """Draw every job until all have ended (and the victim has been claimed); return the code."""
     from .. import JobState, StaleJob, StatusReader, Sweeper
@@ -252,7 +255,7 @@ async def _drive(
                 if killed_at is None and st.state is JobState.RUNNING:
                     if (st.percent or 0) >= KILL_AT:
                         assert victim_pid is not None
-                        os.kill(victim_pid, signal.SIGKILL)
+                        killed.kill(victim_pid)
                         killed_at = now
                         board.say(
                             f"SIGKILL -> worker process {victim_pid} of {victim} at "
@@ -323,7 +326,7 @@ def _summary(
 
 
 async def _stop(
-    client: Any, ns: str, runs: dict[str, Any], pids: list[int], *, cancel: bool
+    client: Any, ns: str, runs: dict[str, Any], pids: list[int], killed: _Killed, *, cancel: bool
 ) -> None:
     """Interrupted: ask the running jobs to stop through Redis (when ``cancel``), give them 5 s,
     then kill their workers. A private redis-server got the terminal's Ctrl-C too, so with one
@@ -339,21 +342,42 @@ async def _stop(
             await asyncio.wait([runs[job] for job in pending], timeout=5.0)
     for job, pid in zip(runs, pids, strict=False):
         if not runs[job].done():
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
+            killed.kill(pid)
     for run in runs.values():  # collected, so asyncio does not report them as never retrieved
         run.add_done_callback(lambda f: f.cancelled() or f.exception())
 
 
-def _forget_leftovers(pids: list[int]) -> None:
-    """Remove the shared-memory blocks that killed pool workers (``pids``) left behind, and tell
-    the resource tracker — which this process shares with the workers it spawned — so it does
-    not warn about a leak at exit. Blocks of any other process are not touched."""
-    from .._worker.progress import NAME_PREFIX
+class _Killed:
+    """The pool workers this demo SIGKILLed and the shared-memory blocks they had made.
 
-    for pid in pids:
-        for path in Path("/dev/shm").glob(f"{NAME_PREFIX}{pid}_*"):
+    A killed worker's blocks stay registered with the resource tracker this process shares with
+    the workers it spawned, which would warn of a leak at exit. The names are taken while the
+    worker still lives (the arena's leftover sweep, in any other jobpulse process, removes a
+    dead creator's blocks: a look after the kill could find them gone and leave them
+    registered), then unregistered and removed at the end. Blocks of any other process are
+    never touched.
+    """
+
+    def __init__(self) -> None:
+        self.pids: list[int] = []
+        self.blocks: set[str] = set()
+
+    def _look(self, pid: int) -> None:
+        from .._worker.progress import NAME_PREFIX
+
+        self.blocks.update(p.name for p in Path("/dev/shm").glob(f"{NAME_PREFIX}{pid}_*"))
+
+    def kill(self, pid: int) -> None:
+        self._look(pid)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+        self.pids.append(pid)
+
+    def forget_blocks(self) -> None:
+        for pid in self.pids:
+            self._look(pid)  # a block made between the first look and the kill
+        for name in sorted(self.blocks):
             with contextlib.suppress(Exception):
-                resource_tracker.unregister(f"/{path.name}", "shared_memory")
+                resource_tracker.unregister(f"/{name}", "shared_memory")
             with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+                (Path("/dev/shm") / name).unlink()
