@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import signal
 import subprocess
+from collections.abc import AsyncIterator
 
 import httpx
 import redis.asyncio as aioredis
@@ -24,57 +25,28 @@ from .support import JOBPULSE, ROOT, env
 async def test_sigterm_stops_serve_cleanly_with_exit_code_0(
     redis_url: str, ns: str, redis: aioredis.Redis
 ) -> None:
-    port = free_port()
-    proc = await asyncio.create_subprocess_exec(
-        *JOBPULSE, "serve", "--port", str(port), "--redis", redis_url, "--namespace", ns,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env=env(),
-    )  # fmt: skip
-    try:
+    async with _serving(redis_url, ns) as (proc, port):
         async with (
             heartbeat(redis, "served", namespace=ns, interval=0.5, ttl=10.0),
             httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http,
         ):
-
-            async def answer() -> httpx.Response | None:
-                with contextlib.suppress(httpx.TransportError):
-                    return await http.get("/jobs/served")
-                return None
-
-            assert (await eventually(answer, within=60, step=0.1)).status_code == 200
+            assert (await _answer(http, "/jobs/served")).status_code == 200
             proc.send_signal(signal.SIGTERM)
             async with asyncio.timeout(30):
                 code = await proc.wait()
-        assert proc.stderr is not None
-        errors = (await proc.stderr.read()).decode()
-        assert code == 0, errors
-        assert "Traceback" not in errors, errors
-    finally:
-        if proc.returncode is None:
-            proc.kill()
-            await proc.wait()
+        await _clean_exit(proc, code)
 
 
 async def test_sigterm_drains_open_event_streams_and_long_polls(
     redis_url: str, ns: str, redis: aioredis.Redis
 ) -> None:
-    port = free_port()
-    proc = await asyncio.create_subprocess_exec(
-        *JOBPULSE, "serve", "--port", str(port), "--redis", redis_url, "--namespace", ns,
-        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env=env(),
-    )  # fmt: skip
-    try:
+    async with _serving(redis_url, ns) as (proc, port):
         async with (
             # No beat after the first for 20 s: the job's version stays put while the poll parks.
             heartbeat(redis, "drained", namespace=ns, interval=20.0, ttl=60.0),
             httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", timeout=30) as http,
         ):
-
-            async def answer() -> httpx.Response | None:
-                with contextlib.suppress(httpx.TransportError):
-                    return await http.get("/jobs/drained")
-                return None
-
-            first = await eventually(answer, within=60, step=0.1)
+            first = await _answer(http, "/jobs/drained")
             assert first.status_code == 200
             etag = first.headers["etag"]
             # The long poll's connection is opened (and kept alive) before the stream takes the
@@ -95,12 +67,41 @@ async def test_sigterm_drains_open_event_streams_and_long_polls(
                     code = await proc.wait()
         assert ": connected" in rest
         assert polled.status_code == 304
-        assert proc.stderr is not None
-        errors = (await proc.stderr.read()).decode()
-        assert code == 0, errors
-        assert "Traceback" not in errors, errors
-        assert "graceful shutdown exceeded" not in errors, errors
+        await _clean_exit(proc, code)
+
+
+@contextlib.asynccontextmanager
+async def _serving(
+    redis_url: str, ns: str
+) -> AsyncIterator[tuple[asyncio.subprocess.Process, int]]:
+    """``jobpulse serve`` on a free port (stderr piped); killed at the end if still running."""
+    port = free_port()
+    proc = await asyncio.create_subprocess_exec(
+        *JOBPULSE, "serve", "--port", str(port), "--redis", redis_url, "--namespace", ns,
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, cwd=ROOT, env=env(),
+    )  # fmt: skip
+    try:
+        yield proc, port
     finally:
         if proc.returncode is None:
             proc.kill()
             await proc.wait()
+
+
+async def _answer(http: httpx.AsyncClient, path: str) -> httpx.Response:
+    """The first answer of the starting server to ``GET path``."""
+
+    async def once() -> httpx.Response | None:
+        with contextlib.suppress(httpx.TransportError):
+            return await http.get(path)
+        return None
+
+    return await eventually(once, within=60, step=0.1)
+
+
+async def _clean_exit(proc: asyncio.subprocess.Process, code: int) -> None:
+    assert proc.stderr is not None
+    errors = (await proc.stderr.read()).decode()
+    assert code == 0, errors
+    assert "Traceback" not in errors, errors
+    assert "graceful shutdown exceeded" not in errors, errors

@@ -29,6 +29,8 @@ import weakref
 from multiprocessing import resource_tracker, shared_memory
 from pathlib import Path
 
+from .owner import pid_alive
+
 try:
     import fcntl
 except ImportError:  # pragma: no cover - no flock (Windows): no leftover sweep either
@@ -189,7 +191,7 @@ def remove_leftovers(directory: str = SHM_DIR) -> list[str]:
     removed = []
     for path in Path(directory).glob(f"{NAME_PREFIX}*"):
         pid_text = path.name.removeprefix(NAME_PREFIX).split("_", 1)[0]
-        if not pid_text.isdigit() or _pid_alive(int(pid_text)):
+        if not pid_text.isdigit() or pid_alive(int(pid_text)):
             continue
         if _unlink_unlocked(path):
             removed.append(path.name)
@@ -218,13 +220,3 @@ def _unlink_unlocked(path: Path) -> bool:
         return True
     finally:
         os.close(fd)  # drops our lock
-
-
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

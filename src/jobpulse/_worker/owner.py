@@ -20,7 +20,7 @@ import threading
 import weakref
 from collections.abc import Callable
 
-__all__ = ["POLL", "watch_owner"]
+__all__ = ["POLL", "pid_alive", "watch_owner"]
 
 POLL = 0.25
 """Seconds between two looks at the owners (a pidfd wakes the thread at once)."""
@@ -118,7 +118,7 @@ def _pidfd(pid: int) -> int:
             return -2
         except OSError:
             pass  # no pidfd support in this kernel or sandbox
-    return -1 if _alive(pid) else -2
+    return -1 if pid_alive(pid) else -2
 
 
 def _wait_gone(pids: list[int], fds: dict[int, int], timeout: float) -> list[int]:
@@ -134,10 +134,11 @@ def _wait_gone(pids: list[int], fds: dict[int, int], timeout: float) -> list[int
     else:
         threading.Event().wait(timeout)
         gone = []
-    return gone + [pid for pid in pids if pid not in fds and not _alive(pid)]
+    return gone + [pid for pid in pids if pid not in fds and not pid_alive(pid)]
 
 
-def _alive(pid: int) -> bool:
+def pid_alive(pid: int) -> bool:
+    """Whether a process ``pid`` exists in this pid namespace (a zombie counts as alive)."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
