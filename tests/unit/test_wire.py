@@ -71,7 +71,9 @@ def test_pack_beats_with_each_jobs_prepacked_keys_and_head(mode: Any) -> None:
     jobs = [_Job(f"j{i}", stream_every=1 + i % 2) for i in range(70)]
     beats = [(job, job.machine.next_beat(101.0, 0.0, SAMPLE, 5, 9)) for job in jobs]
     batches = beat_calls(beats, None)  # type: ignore[type-var]
-    clock = ScriptClock(mode=mode)
+    # A fixed clock: the argument time is read once by pack_beats and once by the stamps below
+    # (a real clock may tick between them).
+    clock = ScriptClock(mode=mode, wall=lambda: 1_700_000_000.123, monotonic=lambda: 5.0)
     packed = pack_beats(batches, {}, clock)  # type: ignore[arg-type]
     stamped = [clock.stamp(command) for _, command in batches]
     assert mode == "server" or stamped[0][1] != calls.SCRIPTS.beat.sha
