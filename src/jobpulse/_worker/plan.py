@@ -32,6 +32,7 @@ __all__ = [
     "Settled",
     "beat_calls",
     "pack_beats",
+    "queue_beats",
     "settle_beats",
 ]
 
@@ -174,6 +175,20 @@ def pack_beats(
             args += (score, member)
         parts.append(wire.pack(args))
     return b"".join(parts)
+
+
+def queue_beats(
+    pipe: Any,
+    batches: Sequence[tuple[Sequence[J], Sequence[Any]]],
+    index: dict[str, dict[str, int]],
+    clock: ScriptClock,
+) -> None:
+    """Queue on redis-py's pipeline ``pipe`` (cluster and single-connection clients) the
+    commands :func:`pack_beats` packs for a plain client, in the same order; no I/O."""
+    for _jobs, command in batches:
+        pipe.execute_command(*clock.stamp(command))
+    for key, members in index.items():
+        pipe.zadd(key, members, gt=True)  # a deadline never moves back
 
 
 def _pack_call(jobs: Sequence[Beating], command: Sequence[Any]) -> bytes:

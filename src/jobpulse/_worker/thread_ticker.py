@@ -30,7 +30,7 @@ from .._protocol.clock import clock_of
 from .._protocol.errors import is_redis_fault, tolerate_faults
 from .._protocol.ratelimit import RateLimitedLog
 from .._protocol.wire import exchange_sync, fast_client
-from .plan import CHUNK, Beating, BeatPlan, beat_calls, pack_beats, settle_beats
+from .plan import CHUNK, Beating, BeatPlan, beat_calls, pack_beats, queue_beats, settle_beats
 from .sampling import ProcessSample, ProcessSampler
 from .stats import WORKER_STATS
 
@@ -173,10 +173,7 @@ class ThreadTicker:
                 results = exchange_sync(self._redis, packed, len(batches) + len(index))
             else:
                 pipe = self._redis.pipeline(transaction=False)
-                for _jobs, command in batches:
-                    pipe.execute_command(*clock.stamp(command))
-                for key, members in index.items():
-                    pipe.zadd(key, members, gt=True)  # a deadline never moves back
+                queue_beats(pipe, batches, index, clock)
                 results = pipe.execute(raise_on_error=False)
             self.pipelines += 1
             WORKER_STATS.beats += len(jobs)

@@ -31,7 +31,7 @@ from .._protocol.deadline import cancellable
 from .._protocol.errors import is_redis_fault, tolerate_faults
 from .._protocol.ratelimit import RateLimitedLog
 from .._protocol.wire import exchange, fast_client
-from .plan import CHUNK, Beating, BeatPlan, beat_calls, pack_beats, settle_beats
+from .plan import CHUNK, Beating, BeatPlan, beat_calls, pack_beats, queue_beats, settle_beats
 from .sampling import ProcessSample, ProcessSampler
 from .stats import WORKER_STATS
 
@@ -188,10 +188,7 @@ class Ticker:
                     results = await cancellable(exchange(self._redis, packed, count))
                 else:
                     pipe = self._redis.pipeline(transaction=False)
-                    for _jobs, command in batches:
-                        pipe.execute_command(*clock.stamp(command))
-                    for key, members in index.items():
-                        pipe.zadd(key, members, gt=True)  # a deadline never moves back
+                    queue_beats(pipe, batches, index, clock)
                     results = await cancellable(pipe.execute(raise_on_error=False))
             self.pipelines += 1
             WORKER_STATS.beats += len(jobs)
