@@ -119,8 +119,8 @@ async def test_a_sweep_spares_the_kind_entry_of_an_attempt_started_after_it_read
 
     await redis.zadd(schema.kind_index("etl"), {"new": 2_000, "old": 999})
     pipe = redis.pipeline(transaction=False)
-    for op in forget_ops(schema, [], ["new", "old"], ["etl"], now_ms=1_000):
-        op(pipe)
+    for args, options in forget_ops(schema, [], ["new", "old"], ["etl"], now_ms=1_000):
+        pipe.execute_command(*args, **options)
     await redis.script_load(SCRIPTS.unindex.text)
     await pipe.execute()
     assert await redis.zrange(schema.kind_index("etl"), 0, -1) == [b"new"]

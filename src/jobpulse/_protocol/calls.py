@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
 from .clock import clock_of
+from .cluster import execute, is_async_cluster
 from .errors import is_noscript
 from .scripts import SCRIPTS, Script
 
@@ -255,6 +256,17 @@ class _Sync(Protocol):
     def script_load(self, script: str) -> Any: ...
 
 
+async def _send(redis: _Async, command: Sequence[Any]) -> Any:
+    """One command; on an asyncio cluster through ``cluster.execute`` (it follows ASK on one
+    connection)."""
+    if is_async_cluster(redis):
+        (reply,) = await execute(redis, [command])  # type: ignore[arg-type]
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+    return await redis.execute_command(*command)
+
+
 async def run(redis: _Async, call: Call[R]) -> R:
     """Send ``call`` on an asyncio client, timed as the client's :class:`ScriptClock` says;
     after a NOSCRIPT load the script and send again, after a refused ``TIME`` (auto mode)
@@ -263,13 +275,13 @@ async def run(redis: _Async, call: Call[R]) -> R:
     for _ in range(3):
         await clock.sample(redis)
         try:
-            return call.decode(await redis.execute_command(*clock.stamp(call.command())))
+            return call.decode(await _send(redis, clock.stamp(call.command())))
         except Exception as exc:
             if is_noscript(exc):
                 await redis.script_load(clock.script(call.script).text)
             elif not clock.refused(exc):
                 raise
-    return call.decode(await redis.execute_command(*clock.stamp(call.command())))
+    return call.decode(await _send(redis, clock.stamp(call.command())))
 
 
 def run_sync(redis: _Sync, call: Call[R]) -> R:

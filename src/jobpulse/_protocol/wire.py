@@ -12,9 +12,11 @@ connection's own ``Retry``, as redis-py's commands do: the connection is closed 
 write sent again, so only commands safe to replay may be sent here (a read; a beat, which a
 replay of the same seq leaves as one; ``ZADD GT``). An exchange that is cancelled or fails
 mid-way closes its connection before it goes back to the pool (redis-py's ``read_response``
-does), so no later command can read a stale reply. A Redis Cluster and a
-``single_connection_client`` keep redis-py's pipeline (the cluster client routes it and follows
-MOVED/ASK; the single connection has its own lock).
+does), so no later command can read a stale reply. An asyncio Redis Cluster
+sends the commands through ``_protocol/cluster.py`` (redis-py's cluster pipeline routes them;
+jobpulse follows MOVED, and ASK with ``ASKING`` on the same connection); the blocking cluster
+client and a ``single_connection_client`` keep redis-py's pipeline (the single connection has
+its own lock).
 """
 
 from __future__ import annotations

@@ -13,9 +13,11 @@ remaining replies are still read, so the connection stays in step. Connection fa
 timeouts go through the connection's own ``Retry``, as redis-py's commands do: the connection is
 closed and the read sent again (a read is safe to replay). A read that is cancelled or fails
 mid-way closes its connection before it goes back to the pool (redis-py's ``read_response``
-does), so no later command can read a stale reply. A Redis Cluster and a
-``single_connection_client`` keep redis-py's pipeline (the cluster client routes it and follows
-MOVED/ASK; the single connection has its own lock).
+does), so no later command can read a stale reply. An asyncio Redis Cluster
+sends the commands through ``_protocol/cluster.py`` (redis-py's cluster pipeline routes them;
+jobpulse follows MOVED, and ASK with ``ASKING`` on the same connection); the blocking cluster
+client and a ``single_connection_client`` keep redis-py's pipeline (the single connection has
+its own lock).
 
 The server clock: each read asks the server's time in the same round trip (``TIME``, or the
 name :func:`jobpulse.script_time` gave it after a ``rename-command``), so ages are server time
@@ -199,20 +201,24 @@ class ReadRequest:
     def packed(self) -> bytes:
         return pack_read(self.keys.state, self.keys.alive, self.names, self.command)
 
-    def queue(self, pipe: Any, client: Any, *, cluster: bool) -> None:
-        """Queue the read on redis-py's pipeline ``pipe`` (cluster and single-connection
-        clients)."""
-        pipe.hmget(self.keys.state, list(self.names))
-        pipe.pttl(self.keys.alive)
-        if self.command is None:
-            return
-        if cluster:
-            # The clock of the node that holds the job (the one its scripts read), in the same
-            # round trip; redis-py blocks pipe.time() on cluster pipelines.
-            node = client.get_node_from_key(self.keys.state)
-            pipe.execute_command(self.command, target_nodes=node)
-        else:
-            pipe.execute_command(self.command)
+    def commands(
+        self, client: Any, *, cluster: bool
+    ) -> tuple[list[tuple[Any, ...]], list[dict[str, Any]]]:
+        """The read as commands and their ``execute_command`` keyword arguments, for redis-py's
+        pipeline (single-connection clients, the blocking cluster client) or
+        ``cluster.pipelined`` (the asyncio cluster client, which follows ASK itself)."""
+        commands: list[tuple[Any, ...]] = [
+            ("HMGET", self.keys.state, *self.names),
+            ("PTTL", self.keys.alive),
+        ]
+        options: list[dict[str, Any]] = [{}, {}]
+        if self.command is not None:
+            commands.append((self.command,))
+            # On a cluster: the clock of the node that holds the job (the one its scripts
+            # read), in the same round trip.
+            node = client.get_node_from_key(self.keys.state) if cluster else None
+            options.append({"target_nodes": node} if cluster else {})
+        return commands, options
 
     def result(self, replies: list[Any]) -> Read:
         """Decode the replies of the read.

@@ -14,6 +14,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from .._checks import check_number
+from .._protocol.cluster import pipelined
 from .._protocol.codec import parse_stream_id, to_text
 from .._protocol.deadline import cancellable
 from .._protocol.errors import is_no_such_key, tolerate_faults
@@ -232,10 +233,9 @@ class StatusReader:
             async with self._slots:
                 if self._fast:
                     replies = await exchange(self._redis, request.packed(), request.count)
-                else:
-                    async with self._redis.pipeline(transaction=False) as pipe:
-                        request.queue(pipe, self._redis, cluster=self._cluster)
-                        replies = await pipe.execute(raise_on_error=False)
+                else:  # a cluster (ASK followed on one connection) or one connection
+                    commands, options = request.commands(self._redis, cluster=self._cluster)
+                    replies = await pipelined(self._redis, commands, options)
         except UnicodeDecodeError:  # a client with decode_responses, a foreign value
             raise ProtocolError(f"job {job_id!r}: a snapshot value is not UTF-8") from None
         return request.result(replies)

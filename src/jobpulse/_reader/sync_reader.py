@@ -130,7 +130,9 @@ class SyncStatusReader:
                 replies = exchange_sync(self._redis, request.packed(), request.count)
             else:
                 pipe = self._redis.pipeline(transaction=False)
-                request.queue(pipe, self._redis, cluster=self._cluster)
+                commands, options = request.commands(self._redis, cluster=self._cluster)
+                for args, kwargs in zip(commands, options, strict=True):
+                    pipe.execute_command(*args, **kwargs)
                 replies = pipe.execute(raise_on_error=False)
         except UnicodeDecodeError:
             raise ProtocolError(f"job {job_id!r}: a snapshot value is not UTF-8") from None

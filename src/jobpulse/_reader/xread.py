@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import AskError, ClusterDownError, MovedError, ResponseError, TryAgainError
 
+from .._protocol.cluster import pipelined
 from .._protocol.codec import TERMINAL_STATUSES, parse_stream_id, to_text
 from .._protocol.errors import (
     error_code,
@@ -279,9 +280,14 @@ class XReadLoop:
             if isinstance(reply, MovedError | ClusterDownError):
                 raise reply
             if isinstance(reply, AskError | TryAgainError):
-                # The slot is migrating: the cluster client follows ASK (with ASKING).
+                # The slot is migrating: read through the cluster client, which follows ASK
+                # (``ASKING`` and the XREAD on one connection: _protocol/cluster.py).
                 self._poll_until = self._clock() + self._poll * 20
-                reply = await self._redis.xread(request, count=self._count)
+                keys = list(request)
+                xread = ("XREAD", "COUNT", self._count, "STREAMS", *keys, *request.values())
+                (reply,) = await pipelined(self._redis, [xread])
+                if isinstance(reply, Exception):
+                    raise reply
             elif isinstance(reply, Exception):
                 raise reply
             got |= bool(reply)
@@ -335,11 +341,10 @@ class XReadLoop:
     async def _check_liveness(self) -> None:
         streams = list(self.streams.values())
         self.checks += 1
-        async with self._redis.pipeline(transaction=False) as pipe:
-            for s in streams:
-                pipe.hget(s.state_key, "status")
-                pipe.pttl(s.alive_key)
-            replies = await pipe.execute(raise_on_error=False)
+        commands: list[tuple[str, ...]] = []
+        for s in streams:
+            commands += [("HGET", s.state_key, "status"), ("PTTL", s.alive_key)]
+        replies = await pipelined(self._redis, commands)
         for i, stream in enumerate(streams):
             status, pttl = replies[2 * i], replies[2 * i + 1]
             if isinstance(status, Exception) or isinstance(pttl, Exception):

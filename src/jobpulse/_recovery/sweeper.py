@@ -45,7 +45,8 @@ from redis.exceptions import ConnectionError
 from .._checks import check_number
 from .._protocol import calls
 from .._protocol.calls import ClaimCode
-from .._protocol.clock import ScriptClock, clock_of
+from .._protocol.clock import clock_of
+from .._protocol.cluster import pipelined
 from .._protocol.codec import load_json
 from .._protocol.deadline import cancellable
 from .._protocol.errors import is_noscript, is_redis_fault, is_wrongtype, tolerate_faults
@@ -53,7 +54,7 @@ from .._protocol.keys import KeySchema
 from .._protocol.ratelimit import RateLimitedLog
 from .._protocol.scripts import SCRIPTS
 from ..errors import InvalidJobId
-from .tally import MAX_KINDS, PRUNE_BATCH, forget_ops, prune_bound
+from .tally import MAX_KINDS, PRUNE_BATCH, Op, forget_ops, prune_bound
 
 _SWEEP_SCRIPTS = (SCRIPTS.claim, SCRIPTS.unindex, SCRIPTS.tally)
 
@@ -317,7 +318,7 @@ class Sweeper:
     ) -> _Round:
         decided = _Round()
         pending: list[tuple[str, str, float]] = []
-        ops: list[Callable[[Any], object]] = []
+        ops: list[Op] = []
         error = f"stale: no heartbeat within the lease; claimed by sweeper {self.name}"
         redeliver_ms = math.ceil(self._cfg.redeliver_after * 1000)
         args = [self._cfg.maxlen, math.ceil(self._cfg.retention * 1000), error, redeliver_ms]
@@ -413,7 +414,7 @@ class Sweeper:
             self._warn.warning("jobpulse sweeper: pruning the kinds failed: %r", exc)
 
     async def _cleanup(self, decided: _Round) -> None:
-        ops: list[Callable[[Any], object]] = []
+        ops: list[Op] = []
         shards: list[str] = []
         for shard, entries in decided.unindex.items():
             pairs = [x for member, score in entries for x in (member, repr(score))]
@@ -430,7 +431,7 @@ class Sweeper:
                 self._warn.warning("jobpulse sweeper: index cleanup of %s failed: %r", shard, reply)
                 decided.unresolved.add(shard)
 
-    async def _execute(self, ops: list[Callable[[Any], object]]) -> list[Any]:
+    async def _execute(self, ops: list[Op]) -> list[Any]:
         """Send ``ops`` (each queues one command) as one pipeline; after a NOSCRIPT, load the
         scripts and send the refused commands again. Per-command errors are returned."""
         replies = await self._pipeline(ops)
@@ -446,18 +447,17 @@ class Sweeper:
                 replies[i] = reply
         return replies
 
-    async def _pipeline(self, ops: list[Callable[[Any], object]]) -> list[Any]:
+    async def _pipeline(self, ops: list[Op]) -> list[Any]:
         if not ops:
             return []
         clock = clock_of(self._redis)
         await cancellable(clock.sample(self._redis))  # argument time only, when due
-        pipe = self._redis.pipeline(transaction=False)
-        stamping = _Stamping(pipe, clock)
-        for op in ops:
-            op(stamping)
+        # script calls carry the client's script time; on a cluster ASK is followed on one
+        # connection (_protocol/cluster.py)
+        commands = [clock.stamp(args) if args[0] == "EVALSHA" else args for args, _ in ops]
         self._round_trips += 1
         self._commands += len(ops)
-        return list(await cancellable(pipe.execute(raise_on_error=False)))
+        return await cancellable(pipelined(self._redis, commands, [o for _, o in ops]))
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -636,34 +636,22 @@ def _stale_job(job_id: str, reply: list[Any]) -> StaleJob:
     )
 
 
-def _zrange_byscore(shard: str, now_ms: int, batch: int) -> Callable[[Any], object]:
+def _zrange_byscore(shard: str, now_ms: int, batch: int) -> Op:
     # ZRANGE … BYSCORE (Redis 6.2+), not ZRANGEBYSCORE: deprecated, and not on every server.
-    return lambda pipe: pipe.zrange(
-        shard, "-inf", now_ms, byscore=True, offset=0, num=batch, withscores=True
-    )
+    args = ("ZRANGE", shard, "-inf", now_ms, "BYSCORE", "LIMIT", 0, batch, "WITHSCORES")
+    return args, {"withscores": True, "score_cast_func": float}  # what pipe.zrange passes
 
 
-def _zcard(key: str) -> Callable[[Any], object]:
-    return lambda pipe: pipe.zcard(key)
+def _zcard(key: str) -> Op:
+    return ("ZCARD", key), {}
 
 
-def _command(call: calls.Call[Any]) -> Callable[[Any], object]:
-    return lambda pipe: pipe.execute_command(*call.command())
+def _command(call: calls.Call[Any]) -> Op:
+    return call.command(), {}
 
 
-class _Stamping:
-    """A pipeline whose script calls carry the client's script time (``ScriptClock.stamp``)."""
-
-    def __init__(self, pipe: Any, clock: ScriptClock) -> None:
-        self._pipe = pipe
-        self._clock = clock
-
-    def execute_command(self, *args: Any) -> object:
-        return self._pipe.execute_command(*self._clock.stamp(args))
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._pipe, name)
-
-
-def _zadd_later(shard: str, members: dict[str, int]) -> Callable[[Any], object]:
-    return lambda pipe: pipe.zadd(shard, members, xx=True, gt=True)
+def _zadd_later(shard: str, members: dict[str, int]) -> Op:
+    args: list[Any] = ["ZADD", shard, "XX", "GT"]
+    for member, score in members.items():
+        args += (score, member)
+    return args, {}

@@ -18,7 +18,7 @@ read: a job of that kind starting meanwhile writes a score in the future and is 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._protocol import calls
@@ -35,7 +35,8 @@ MAX_KINDS = 1000
 PRUNE_BATCH = 1000
 """Most kinds one prune looks at (the oldest first)."""
 
-Op = Callable[[Any], object]
+Op = tuple[Sequence[Any], Mapping[str, Any]]
+"""One pipelined command: its arguments and its ``execute_command`` keyword arguments."""
 
 
 def forget_ops(
@@ -66,7 +67,7 @@ def forget_ops(
 
 
 def _command(call: calls.Call[int]) -> Op:
-    return lambda pipe: pipe.execute_command(*call.command())
+    return call.command(), {}
 
 
 def prune_bound(

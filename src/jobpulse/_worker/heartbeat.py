@@ -28,6 +28,7 @@ from typing import Any
 from .._protocol import calls
 from .._protocol.calls import BeatReply
 from .._protocol.clients import AsyncClient
+from .._protocol.cluster import pipelined
 from .._protocol.deadline import cancellable
 from .._protocol.errors import is_redis_fault, tolerate_faults
 from .._protocol.ratelimit import RateLimitedLog
@@ -281,10 +282,16 @@ class JobHeartbeat:
         with tolerate_faults(
             lambda e: self._warn.warning("job %s: kind not indexed: %r", m.job_id, e)
         ):
-            async with self._redis.pipeline(transaction=False) as pipe:
-                pipe.zadd(m.schema.kind_index(m.kind), {m.job_id: m.started_ms})
-                pipe.zadd(m.schema.kinds(), {m.kind: m.index_score})
-                await pipe.execute()
+            replies = await pipelined(
+                self._redis,
+                [
+                    ("ZADD", m.schema.kind_index(m.kind), m.started_ms, m.job_id),
+                    ("ZADD", m.schema.kinds(), m.index_score, m.kind),
+                ],
+            )
+            for reply in replies:
+                if isinstance(reply, Exception):
+                    raise reply
 
     async def __aexit__(
         self,

@@ -31,8 +31,8 @@ __all__ = [
     "Beating",
     "Settled",
     "beat_calls",
+    "beat_commands",
     "pack_beats",
-    "queue_beats",
     "settle_beats",
 ]
 
@@ -169,26 +169,28 @@ def pack_beats(
     segment (token, fence, ``ttl_ms``) are taken from its machine's ``beat_wire``, packed once
     at acquire; only ``n``, seq, names and values are packed per beat."""
     parts = [_pack_call(jobs, clock.stamp(command)) for jobs, command in batches]
-    for key, members in index.items():
-        args: list[Any] = ["ZADD", key, "GT"]  # a deadline never moves back
-        for member, score in members.items():
-            args += (score, member)
-        parts.append(wire.pack(args))
+    parts += [wire.pack(_index_command(key, members)) for key, members in index.items()]
     return b"".join(parts)
 
 
-def queue_beats(
-    pipe: Any,
+def beat_commands(
     batches: Sequence[tuple[Sequence[J], Sequence[Any]]],
     index: dict[str, dict[str, int]],
     clock: ScriptClock,
-) -> None:
-    """Queue on redis-py's pipeline ``pipe`` (cluster and single-connection clients) the
-    commands :func:`pack_beats` packs for a plain client, in the same order; no I/O."""
-    for _jobs, command in batches:
-        pipe.execute_command(*clock.stamp(command))
-    for key, members in index.items():
-        pipe.zadd(key, members, gt=True)  # a deadline never moves back
+) -> list[Sequence[Any]]:
+    """The commands :func:`pack_beats` packs for a plain client, in the same order, as
+    argument lists for redis-py's pipeline (a ``single_connection_client``, the blocking
+    cluster client) or ``cluster.pipelined`` (the asyncio cluster client); no I/O."""
+    commands: list[Sequence[Any]] = [clock.stamp(command) for _jobs, command in batches]
+    commands += [_index_command(key, members) for key, members in index.items()]
+    return commands
+
+
+def _index_command(key: str, members: dict[str, int]) -> list[Any]:
+    args: list[Any] = ["ZADD", key, "GT"]  # a deadline never moves back
+    for member, score in members.items():
+        args += (score, member)
+    return args
 
 
 def _pack_call(jobs: Sequence[Beating], command: Sequence[Any]) -> bytes:

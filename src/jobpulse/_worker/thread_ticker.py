@@ -30,7 +30,7 @@ from .._protocol.clock import clock_of
 from .._protocol.errors import is_redis_fault, tolerate_faults
 from .._protocol.ratelimit import RateLimitedLog
 from .._protocol.wire import exchange_sync, fast_client
-from .plan import CHUNK, Beating, BeatPlan, beat_calls, pack_beats, queue_beats, settle_beats
+from .plan import CHUNK, Beating, BeatPlan, beat_calls, beat_commands, pack_beats, settle_beats
 from .sampling import ProcessSample, ProcessSampler
 from .stats import WORKER_STATS
 
@@ -173,7 +173,8 @@ class ThreadTicker:
                 results = exchange_sync(self._redis, packed, len(batches) + len(index))
             else:
                 pipe = self._redis.pipeline(transaction=False)
-                queue_beats(pipe, batches, index, clock)
+                for command in beat_commands(batches, index, clock):
+                    pipe.execute_command(*command)
                 results = pipe.execute(raise_on_error=False)
             self.pipelines += 1
             WORKER_STATS.beats += len(jobs)

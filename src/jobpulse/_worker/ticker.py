@@ -6,7 +6,8 @@ of their interval too, so beats coalesce), builds their beats synchronously in c
 ``CHUNK`` (yielding to the loop between chunks), and sends each chunk's ``EVALSHA`` calls and
 index ``ZADD``s on its own connection: on a plain client as one write packed by jobpulse
 (:func:`~jobpulse._worker.plan.pack_beats`, :func:`~jobpulse._protocol.wire.exchange`), on a
-cluster or a ``single_connection_client`` as one redis-py pipeline;
+cluster as commands routed per node (:func:`~jobpulse._protocol.cluster.pipelined`, which
+follows ASK on one connection), on a ``single_connection_client`` as one redis-py pipeline;
 :func:`~jobpulse._worker.plan.settle_beats` hands the replies back. Lease deadlines are loop
 timers of each job (see ``JobHeartbeat._arm_expiry``), never checked by waiting for a reply, so
 a job's local-ttl stop does not depend on the ticker or on another job's slow reply; each
@@ -27,11 +28,12 @@ from collections.abc import Callable
 from typing import Any
 
 from .._protocol.clock import clock_of
+from .._protocol.cluster import pipelined
 from .._protocol.deadline import cancellable
 from .._protocol.errors import is_redis_fault, tolerate_faults
 from .._protocol.ratelimit import RateLimitedLog
 from .._protocol.wire import exchange, fast_client
-from .plan import CHUNK, Beating, BeatPlan, beat_calls, pack_beats, queue_beats, settle_beats
+from .plan import CHUNK, Beating, BeatPlan, beat_calls, beat_commands, pack_beats, settle_beats
 from .sampling import ProcessSample, ProcessSampler
 from .stats import WORKER_STATS
 
@@ -186,10 +188,9 @@ class Ticker:
                     packed = pack_beats(batches, index, clock)
                     count = len(batches) + len(index)
                     results = await cancellable(exchange(self._redis, packed, count))
-                else:
-                    pipe = self._redis.pipeline(transaction=False)
-                    queue_beats(pipe, batches, index, clock)
-                    results = await cancellable(pipe.execute(raise_on_error=False))
+                else:  # a cluster (ASK followed on one connection) or one connection
+                    commands = beat_commands(batches, index, clock)
+                    results = await cancellable(pipelined(self._redis, commands))
             self.pipelines += 1
             WORKER_STATS.beats += len(jobs)
         except Exception as exc:
