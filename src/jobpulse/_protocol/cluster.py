@@ -83,9 +83,10 @@ async def execute(
     commands: Sequence[Sequence[Any]],
     options: Sequence[Mapping[str, Any]] | None = None,
 ) -> list[Any]:
-    """Send ``commands`` on ``cluster`` and follow ASK, MOVED and TRYAGAIN as the module says;
-    the replies in order, error replies (a redirection still unresolved after 16 rounds too)
-    in their place. Connection faults are raised, as from redis-py's pipeline."""
+    """Send ``commands`` on ``cluster`` and follow ASK, MOVED, TRYAGAIN and a command's
+    connection fault as the module says; the replies in order, error replies in their place
+    (a redirection still unresolved after 16 rounds; a fault the retry did not cure). A fault
+    of the whole pipeline that redis-py's own retries did not cure is raised."""
     opts = list(options) if options is not None else [_NO_OPTIONS] * len(commands)
     if len(opts) != len(commands):
         raise ValueError(f"{len(commands)} commands but {len(opts)} option mappings")
