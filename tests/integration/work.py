@@ -59,13 +59,19 @@ def advance_chunk(cell: ProgressCell, n: int) -> None:
 
 
 def check_until_stopped(cell: ProgressCell, marker: str) -> None:
-    """Loop on ``cell.check()``; once it raises, write the time (monotonic) to ``marker``."""
+    """Loop on ``cell.check()``; once it raises, write the time (monotonic) to ``marker``.
+
+    The marker appears whole (written beside it, then renamed): a test polls for it and reads
+    it at once, and a file opened for writing exists, empty, before its content is written
+    (read that way once in a random-order run of the suite)."""
     try:
         while True:
             cell.check()
             cell.advance()
             time.sleep(0.001)
     except JobCancelled:
-        with open(marker, "w") as f:
+        partial = f"{marker}.partial"
+        with open(partial, "w") as f:
             f.write(f"{time.monotonic()} {os.getpid()}")
+        os.replace(partial, marker)
         raise
