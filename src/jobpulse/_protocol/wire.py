@@ -28,7 +28,7 @@ import redis
 import redis.asyncio
 from redis.exceptions import ResponseError
 
-__all__ = ["bulk", "exchange", "exchange_sync", "fast_client", "pack", "pack_args"]
+__all__ = ["bulk", "exchange", "exchange_sync", "fast_client", "pack", "pack_args", "zadd"]
 
 
 def bulk(value: bytes) -> bytes:
@@ -69,6 +69,14 @@ def pack_args(args: Iterable[Any]) -> bytes:
 def pack(args: Sequence[Any]) -> bytes:
     """The RESP of one command (see :func:`pack_args`)."""
     return b"*%d\r\n%s" % (len(args), pack_args(args))
+
+
+def zadd(key: str, members: dict[str, int], *flags: str) -> list[Any]:
+    """The arguments of ``ZADD key [flags] score member …`` (``flags``: ``GT``, ``XX``)."""
+    args: list[Any] = ["ZADD", key, *flags]
+    for member, score in members.items():
+        args += (score, member)
+    return args
 
 
 def fast_client(client: Any) -> bool:

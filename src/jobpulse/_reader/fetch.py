@@ -217,7 +217,7 @@ class ReadRequest:
             # On a cluster: the clock of the node that holds the job (the one its scripts
             # read), in the same round trip.
             node = client.get_node_from_key(self.keys.state) if cluster else None
-            options.append({"target_nodes": node} if cluster else {})
+            options.append({"target_nodes": node} if node is not None else {})
         return commands, options
 
     def result(self, replies: list[Any]) -> Read:

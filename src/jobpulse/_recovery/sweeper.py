@@ -43,7 +43,7 @@ from typing import Any
 from redis.exceptions import ConnectionError
 
 from .._checks import check_number
-from .._protocol import calls
+from .._protocol import calls, wire
 from .._protocol.calls import ClaimCode
 from .._protocol.clock import clock_of
 from .._protocol.cluster import pipelined
@@ -651,7 +651,4 @@ def _command(call: calls.Call[Any]) -> Op:
 
 
 def _zadd_later(shard: str, members: dict[str, int]) -> Op:
-    args: list[Any] = ["ZADD", shard, "XX", "GT"]
-    for member, score in members.items():
-        args += (score, member)
-    return args, {}
+    return wire.zadd(shard, members, "XX", "GT"), {}

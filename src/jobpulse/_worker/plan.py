@@ -169,7 +169,7 @@ def pack_beats(
     segment (token, fence, ``ttl_ms``) are taken from its machine's ``beat_wire``, packed once
     at acquire; only ``n``, seq, names and values are packed per beat."""
     parts = [_pack_call(jobs, clock.stamp(command)) for jobs, command in batches]
-    parts += [wire.pack(_index_command(key, members)) for key, members in index.items()]
+    parts += [wire.pack(wire.zadd(key, members, "GT")) for key, members in index.items()]
     return b"".join(parts)
 
 
@@ -182,15 +182,9 @@ def beat_commands(
     argument lists for redis-py's pipeline (a ``single_connection_client``, the blocking
     cluster client) or ``cluster.pipelined`` (the asyncio cluster client); no I/O."""
     commands: list[Sequence[Any]] = [clock.stamp(command) for _jobs, command in batches]
-    commands += [_index_command(key, members) for key, members in index.items()]
+    # ZADD GT: a deadline never moves back
+    commands += [wire.zadd(key, members, "GT") for key, members in index.items()]
     return commands
-
-
-def _index_command(key: str, members: dict[str, int]) -> list[Any]:
-    args: list[Any] = ["ZADD", key, "GT"]  # a deadline never moves back
-    for member, score in members.items():
-        args += (score, member)
-    return args
 
 
 def _pack_call(jobs: Sequence[Beating], command: Sequence[Any]) -> bytes:
