@@ -153,13 +153,47 @@ def test_a_lost_lease_fails_every_checkpoint_and_writes_nothing(
 
 def test_expiry_by_the_local_clock_writes_lost_for_one_interval_at_most() -> None:
     m = machine()
-    assert m.expire_if_due(105.9) is None
-    assert m.expire_if_due(106.0) is LeaseLostCause.EXPIRED
-    assert m.expire_if_due(107.0) is None  # lost once
+    m.next_beat(101.0, 0.0, SAMPLE, 0, None)  # sent in time, never answered
+    assert m.check_expiry(105.9).cause is None
+    assert m.check_expiry(106.0).cause is LeaseLostCause.EXPIRED
+    assert m.check_expiry(107.0).cause is None  # lost once
     plan = m.final_plan(crash=None, exc=None, cancelled=False)
     assert (plan.status, plan.error, plan.write, plan.limit) == (
         "LOST", "lease lost: expired", True, 1.0,
     )  # fmt: skip
+
+
+def test_a_late_wake_beats_at_once_and_the_reply_takes_the_lease_back() -> None:
+    """No beat was sent before the deadline (the process was frozen): not lost; a beat is due
+    at once, and ``beat.lua``'s "re-taken" renews the lease."""
+    m = machine()
+    expiry = m.check_expiry(120.0)
+    assert (expiry.cause, expiry.recheck_at) == (None, 121.0)
+    assert m.due <= 120.0
+    assert m.lease.held
+    m.next_beat(120.0, 19.0, SAMPLE, 0, None)
+    assert m.check_expiry(120.5).cause is None  # the late beat's reply decides
+    m.replied(120.0, BeatReply(BeatCode.RETAKEN, False, 5000, 0), ended=False)
+    assert m.lease.held
+    assert m.lease.deadline == 126.0
+    assert m.final_plan(crash=None, exc=None, cancelled=False).status == "COMPLETED"
+
+
+def test_a_late_beat_that_is_refused_or_fails_loses_the_lease() -> None:
+    claimed = machine()
+    claimed.check_expiry(120.0)
+    claimed.next_beat(120.0, 19.0, SAMPLE, 0, None)
+    verdict = claimed.replied(120.0, BeatReply(BeatCode.FENCED_OUT, False, 0, 0), ended=False)
+    assert verdict.lost is LeaseLostCause.FENCED_OUT  # a sweeper claimed it: stays lost
+    assert claimed.final_plan(crash=None, exc=None, cancelled=False).write is False
+    unanswered = machine()
+    unanswered.check_expiry(120.0)
+    unanswered.next_beat(120.0, 19.0, SAMPLE, 0, None)
+    cause = unanswered.beat_failed(120.0, at_once=False, ended=False)
+    assert cause is LeaseLostCause.EXPIRED
+    in_time = machine()
+    in_time.next_beat(101.0, 0.0, SAMPLE, 0, None)
+    assert in_time.beat_failed(101.0, at_once=False, ended=False) is None  # retried
 
 
 def test_a_cancel_is_reported_once() -> None:

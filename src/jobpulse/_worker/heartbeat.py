@@ -276,7 +276,7 @@ class JobHeartbeat:
         except TimeoutError as exc:
             raise TimeoutError(m.acquire_timeout_text(enrolled, fault)) from exc
         m.acquired(reply, sent_at)
-        self._arm_expiry()
+        self._arm_expiry(m.lease.deadline)
         # The per-kind index (docs/protocol.md), scored by this attempt's start: best effort,
         # like the metrics it serves (the running-jobs index above is what recovery needs).
         with tolerate_faults(
@@ -441,7 +441,10 @@ class JobHeartbeat:
             self._m.beat_failed(sent_at, at_once=at_once, ended=True)
             return
         WORKER_STATS.beat_failures += 1
-        self._m.beat_failed(sent_at, at_once=at_once, ended=False)
+        cause = self._m.beat_failed(sent_at, at_once=at_once, ended=False)
+        if cause is not None:
+            self.lease_expired(cause)
+            return
         self._plan()
         if not quiet:
             self._warn.warning("job %s: beat failed, retrying: %r", self.job_id, exc)
@@ -469,26 +472,27 @@ class JobHeartbeat:
         if self._ticker is not None and not self._ended:
             self._ticker.schedule(self)
 
-    def _arm_expiry(self) -> None:
-        """A loop timer at the lease deadline, independent of the ticker and of every reply.
-
-        It is not moved on each renewal: when it fires it re-arms itself at the (later) deadline
-        if the lease was renewed meanwhile, so a job costs one timer per ``ttl``, not per beat.
-        """
-        delay = self._m.lease.deadline - self._clock()
+    def _arm_expiry(self, when: float) -> None:
+        """A loop timer at ``when`` (first the lease deadline), independent of the ticker and of
+        every reply. It is not moved on each renewal: when it fires, the machine's expiry rule
+        (:meth:`BeatMachine.check_expiry`) says when to look again, so a job costs one timer
+        per ``ttl``, not per beat."""
         loop = asyncio.get_running_loop()
-        self._expiry = loop.call_later(max(delay, 0.0), self._expiry_fired)
+        self._expiry = loop.call_later(max(when - self._clock(), 0.0), self._expiry_fired)
 
     def _expiry_fired(self) -> None:
         self._expiry = None
-        if self._ended or not self._m.lease.held:
+        if self._ended:
             return
         try:
-            cause = self._m.expire_if_due(self._clock())
-            if cause is None:
-                self._arm_expiry()
+            expiry = self._m.check_expiry(self._clock())
+            if expiry.cause is not None:
+                self.lease_expired(expiry.cause)
                 return
-            self.lease_expired(cause)
+            if expiry.beat_now:
+                self._plan()
+            if expiry.recheck_at != float("inf"):
+                self._arm_expiry(expiry.recheck_at)
         except Exception as exc:  # a bug (or a broken injected clock): never a silent death
             log.exception("job %s: lease timer failed; stopping the job", self.job_id)
             self.crashed(exc)

@@ -31,7 +31,7 @@ from .config import MAX_ERROR_CHARS, HeartbeatConfig, check_kind, check_stage, c
 from .lease import Lease
 from .sampling import ProcessSample, RateWindow
 
-__all__ = ["BeatMachine", "FinalPlan", "ReplyVerdict", "error_text"]
+__all__ = ["BeatMachine", "Expiry", "FinalPlan", "ReplyVerdict", "error_text"]
 
 ACQUIRE_RETRY_FIRST = 0.02
 """Seconds before the first retry of the index entry and the acquire after a Redis fault."""
@@ -64,6 +64,21 @@ class ReplyVerdict(Generic[H]):
     lost: LeaseLostCause | None = None
     cancel: bool = False
     late: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Expiry:
+    """What the lease timer does (:meth:`BeatMachine.check_expiry`).
+
+    Attributes:
+        cause: EXPIRED when this check lost the lease (stop the body), else None.
+        beat_now: the worker was late and its next beat is now due earlier (plan it again).
+        recheck_at: when to check again (``inf``: never, the lease is lost).
+    """
+
+    cause: LeaseLostCause | None
+    beat_now: bool
+    recheck_at: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,6 +268,7 @@ class BeatMachine(Generic[H]):
             self._last_event_beat = self.beats
             self._stage_changed = False
         self._inflight = (kind, checkpoint)
+        self.lease.tried(now)
         replay, self._replay = self._replay, None
         reused = bool(replay and checkpoint is replay[1] and self.seq == replay[0])
         if not reused:
@@ -338,12 +354,14 @@ class BeatMachine(Generic[H]):
             self.cancel_requested = verdict.cancel = True
         return verdict
 
-    def beat_failed(self, sent_at: float, *, at_once: bool, ended: bool) -> None:
+    def beat_failed(self, sent_at: float, *, at_once: bool, ended: bool) -> LeaseLostCause | None:
         """A beat got no answer, or an error: retry after ``min(interval, 0.25)`` s, or at once
-        (NOSCRIPT: the script is being loaded)."""
+        (NOSCRIPT: the script is being loaded). Returns EXPIRED when this was a late beat (sent
+        after the lease's local deadline, see :meth:`check_expiry`) that is not sent again at
+        once: it could not take the lease back, so the lease is lost."""
         inflight, self._inflight = self._inflight, None
         if ended:
-            return
+            return None
         self.failed += 1
         sent, self._sent = self._sent, None
         if sent is not None:  # written or not: unknown, sent again
@@ -353,6 +371,11 @@ class BeatMachine(Generic[H]):
             self._replay = (self.seq, inflight[1])
         self._requeue(inflight)
         self.due = sent_at if at_once else sent_at + min(self.cfg.interval, 0.25)
+        # a late beat that got no answer: lost (one that is sent again at once wrote nothing:
+        # a NOSCRIPT, a refused TIME; its resend decides)
+        if not at_once and self.lease.held and sent_at >= self.lease.deadline:
+            return self.lose(LeaseLostCause.EXPIRED)
+        return None
 
     def _requeue(self, inflight: tuple[str, tuple[str, H] | None] | None) -> None:
         if inflight is None:
@@ -365,9 +388,38 @@ class BeatMachine(Generic[H]):
 
     # -- the lease ------------------------------------------------------------------------------
 
-    def expire_if_due(self, now: float) -> LeaseLostCause | None:
-        """EXPIRED when the lease's local deadline passed (and it was held until now)."""
-        return LeaseLostCause.EXPIRED if self.lease.expire_if_due(now) else None
+    def check_expiry(self, now: float) -> Expiry:
+        """The lease-expiry and late-beat rules, for every shell's lease timer (and a sync
+        exit): at ``now``, is the lease lost, must a beat go out at once, when to look again?
+
+        * the deadline has not passed: look again at the deadline (renewals move it; a timer is
+          not moved on every renewal, it re-arms itself when it fires early);
+        * it passed although a beat was sent before it (Redis did not answer in time): the lease
+          is EXPIRED, the body must stop;
+        * it passed with no beat sent since the last renewal: the worker itself was late (a
+          frozen process, a GIL held by a C call, a blocked loop). Not lost: a beat is due now,
+          and its reply decides (``beat.lua`` re-takes a lease nobody claimed, else answers
+          taken over or fenced out; a failure of that beat expires it, see
+          :meth:`beat_failed`). Look again one interval later.
+        """
+        lease = self.lease
+        if not lease.held:
+            return Expiry(None, False, float("inf"))
+        if now < lease.deadline:
+            return Expiry(None, False, lease.deadline)
+        if lease.expire_if_due(now):
+            return Expiry(LeaseLostCause.EXPIRED, False, float("inf"))
+        beat_now = self._inflight is None and self.due > now
+        if self._inflight is None:
+            self.due = min(self.due, now)
+        return Expiry(None, beat_now, now + self.cfg.interval)
+
+    def beat_budget(self, now: float) -> float:
+        """Seconds a beat sent at ``now`` may wait for its reply: the lease time left, or
+        ``ttl`` for a late beat (sent after the deadline: it tries to take the lease back, and
+        the job stops within ``ttl`` when Redis does not answer it)."""
+        left = self.lease.left(now)
+        return max(0.05, left if left > 0 else self.cfg.ttl)
 
     def lose(self, cause: LeaseLostCause) -> LeaseLostCause | None:
         """Record a loss; the cause when this call lost the lease, None when already lost."""

@@ -135,10 +135,12 @@ class SyncHeartbeat:
     @property
     def cancelled(self) -> bool:
         """True once the job must stop: a cancel was requested, or the lease is lost (also
-        when its deadline passed while the beat thread waited on Redis)."""
+        when its deadline passed while the beat thread waited on Redis for a beat sent in
+        time; a deadline passed with no beat sent is a late worker, whose next beat takes the
+        lease back if nobody claimed it)."""
         if self.progress.cancelled:
             return True
-        return self._in_body and self._m.lease.deadline <= self._clock()
+        return self._in_body and self._m.lease.overdue(self._clock())
 
     def check(self) -> None:
         """Raise :class:`~jobpulse.JobCancelled` once the job must stop.
@@ -255,7 +257,7 @@ class SyncHeartbeat:
             self._in_body = False
             self._ended = True
             # a deadline that passed while the beat thread was blocked counts now
-            cause = self._m.expire_if_due(self._clock())
+            cause = self._m.check_expiry(self._clock()).cause
             if cause is not None:
                 self.lease_expired(cause)
         leave_current(self._current)
@@ -366,7 +368,10 @@ class SyncHeartbeat:
     ) -> None:
         if not self._ended:
             WORKER_STATS.beat_failures += 1
-        self._m.beat_failed(sent_at, at_once=at_once, ended=self._ended)
+        cause = self._m.beat_failed(sent_at, at_once=at_once, ended=self._ended)
+        if cause is not None:
+            self.lease_expired(cause)
+            return
         self._plan()
         if not quiet and not self._ended:
             self._warn.warning("job %s: beat failed, retrying: %r", self.job_id, exc)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import threading
 import weakref
 from collections.abc import Callable
@@ -71,7 +72,7 @@ class ThreadTicker:
     def add(self, job: Beating) -> None:
         with self._cond:
             self._plan.add(job)
-            self._arm(job)
+            self._arm(job, job.machine.lease.deadline)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="jobpulse-beat", daemon=True)
                 self._thread.start()
@@ -96,22 +97,25 @@ class ThreadTicker:
         alive = self._thread is not None
         return f"<ThreadTicker jobs={len(self._plan)} pipelines={self.pipelines} running={alive}>"
 
-    def _arm(self, job: Beating) -> None:
-        deadline = job.machine.lease.deadline
-        heapq.heappush(self._deadlines, (deadline, next(self._order), job))
+    def _arm(self, job: Beating, when: float) -> None:
+        heapq.heappush(self._deadlines, (when, next(self._order), job))
 
     def _expire(self, now: float) -> None:
-        """Lose the leases whose deadline passed; re-arm those renewed meanwhile."""
+        """Apply the machine's expiry rule (:meth:`BeatMachine.check_expiry`) to the jobs whose
+        check time came: lose, beat at once (a late wake), and look again when it says."""
         heap = self._deadlines
         while heap and heap[0][0] <= now:
             _, _, job = heapq.heappop(heap)
-            if self._plan.jobs.get(id(job)) is not job or not job.machine.lease.held:
+            if self._plan.jobs.get(id(job)) is not job:
                 continue
-            cause = job.machine.expire_if_due(now)
-            if cause is None:
-                self._arm(job)
-            else:
-                job.lease_expired(cause)
+            expiry = job.machine.check_expiry(now)
+            if expiry.cause is not None:
+                job.lease_expired(expiry.cause)
+                continue
+            if expiry.beat_now:
+                self._plan.schedule(job)
+            if expiry.recheck_at != math.inf:
+                self._arm(job, expiry.recheck_at)
 
     def _run(self) -> None:
         intended: float | None = None
@@ -149,6 +153,9 @@ class ThreadTicker:
                 return None
             first = self._deadlines[0][0] if self._deadlines else self._plan.first()
             when = min(self._plan.first(), first)
+            if when == math.inf:  # nothing planned (every lease lost): wait for add/remove
+                self._cond.wait()
+                return None
             timeout = when - self._clock()
             if timeout <= 0:
                 return None

@@ -178,7 +178,7 @@ class Ticker:
         jobs = [job for job, _ in beats]
         # one beat.lua call per BATCH jobs (per hash slot on a cluster client)
         batches = beat_calls(beats, getattr(self._redis, "keyslot", None))
-        budget = max(0.05, min(job.machine.lease.left(sent_at) for job in jobs))
+        budget = min(job.machine.beat_budget(sent_at) for job in jobs)
         index = self._plan.index_refresh(jobs, self._server_now())
         clock = clock_of(self._redis)
         try:
