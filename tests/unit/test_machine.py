@@ -268,8 +268,16 @@ def test_calls_name_their_codes() -> None:
     reply = calls.decode_beat([b"-1", b"0", b"0", b"0"])
     assert reply.code is BeatCode.TAKEN_OVER
     assert calls.cancel(("a",) * 5, 10, "").decode(2) is calls.CancelCode.ALREADY_REQUESTED
-    acquired = calls.acquire(("a",) * 5, []).decode([1, 4, 2, 9, b'{"x":1}', 77])
+    acquire = calls.acquire(("a",) * 5, token="t", ttl_ms=1, maxlen=1, worker="w")
+    acquired = acquire.decode([1, 4, 2, 9, b'{"x":1}', 77])
     assert acquired == AcquireReply(AcquireCode.STARTED, 4, 2, 9, '{"x":1}', 77)
+    claim = calls.claim(("a",) * 5, maxlen=1, retention_ms=1, error="", redeliver_ms=1, token="")
+    claimed = claim.decode([1, 8, 1234, b"status", b"RUNNING", b"attempt", b"2"])
+    assert claimed == calls.ClaimReply(
+        calls.ClaimCode.CLAIMED, 8, 1234, {"status": "RUNNING", "attempt": "2"}
+    )
+    assert claim.decode([-1, 700]) == calls.ClaimReply(calls.ClaimCode.ALIVE, wait_ms=700)
+    assert claim.decode([0]).code is calls.ClaimCode.NOT_RUNNING
     assert calls.enroll("s", "j", 5).command()[:3] == ("EVALSHA", calls.SCRIPTS.enroll.sha, 1)
 
 

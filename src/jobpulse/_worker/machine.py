@@ -41,7 +41,6 @@ ACQUIRE_RETRY_CAP = 0.5
 H = TypeVar("H")
 
 _ALL = range(len(calls.BEAT_FIELDS))
-_DIGITS = calls.BEAT_DIGITS
 
 _LOST_CAUSE = {BeatCode.TAKEN_OVER: LeaseLostCause.TAKEN_OVER}
 _FINISH_LOST = {FinishCode.TAKEN_OVER: LeaseLostCause.TAKEN_OVER}
@@ -183,9 +182,17 @@ class BeatMachine(Generic[H]):
         self.index_score = deadline_ms
         horizon_ms = int(self.cfg.index_horizon * 1000)
         latest = deadline_ms - min(self.cfg.ttl_ms, horizon_ms // 4)
-        args = [self.token, self.cfg.ttl_ms, self.cfg.maxlen, self.worker]
-        args += [fmt_int(self.total), self.meta, "", self.kind, latest]
-        return calls.acquire(self.keys, args)
+        return calls.acquire(
+            self.keys,
+            token=self.token,
+            ttl_ms=self.cfg.ttl_ms,
+            maxlen=self.cfg.maxlen,
+            worker=self.worker,
+            total=fmt_int(self.total),
+            meta=self.meta,
+            kind=self.kind,
+            latest=latest,
+        )
 
     def acquired(self, reply: AcquireReply, sent_at: float) -> None:
         """Take the acquire's reply; raise when nothing was started."""
@@ -253,8 +260,8 @@ class BeatMachine(Generic[H]):
     def next_beat(
         self, now: float, lag: float, sample: ProcessSample, done: int, total: int | None
     ) -> list[Any]:
-        """Build the next beat (this job's segment of a ``beat.lua`` call: see
-        ``calls.beat_command``) and mark it in flight."""
+        """Build the next beat (this job's segment of a ``beat.lua`` call, encoded by
+        :func:`calls.encode_beat`) and mark it in flight."""
         kind, details, checkpoint = "", "", None
         self.beats += 1
         if self._checkpoints:
@@ -281,19 +288,16 @@ class BeatMachine(Generic[H]):
         ]
         if kind and present[:3] != [0, 1, 2]:
             present = sorted({0, 1, 2, *present})
-        names = "".join([_DIGITS[i] for i in present])
-        args: list[Any] = [0, *self.beat_head, self.seq, names + "+" if kind else names]
-        args += [values[i] for i in present]
-        if kind:
-            args += [kind, details, self.cfg.maxlen]
         self._sent = (values, present, reused)
+        pairs: list[Any] = []
         if checkpoint is not None:
             self._last_checkpoint = details
-            args += ["checkpoint", details]
+            pairs += ["checkpoint", details]
         if self._resend_static:
-            args += self._static_pairs()
-        args[0] = len(args) - 1
-        return args
+            pairs += self._static_pairs()
+        event = (kind, details, self.cfg.maxlen) if kind else None
+        sent = [values[i] for i in present]
+        return calls.encode_beat(self.beat_head, self.seq, present, sent, event, pairs)
 
     def index_due(self) -> bool:
         """The running-index entry is refreshed with this beat (every ``index_every`` beats,
@@ -471,10 +475,19 @@ class BeatMachine(Generic[H]):
         total: int | None,
     ) -> calls.Call[FinishCode]:
         """The final write of ``status`` (the shell bumps ``seq`` once before the first try)."""
-        args: list[Any] = [self.token, self.fence, self.cfg.ttl_ms, self.seq, status]
-        args += [error[:MAX_ERROR_CHARS], self.cfg.maxlen, int(self.cfg.retention * 1000)]
-        args += ["", *self._dynamic(done, total, sample, 0.0, None), *self._static_pairs()]
-        return calls.finish(self.keys, args)
+        return calls.finish(
+            self.keys,
+            token=self.token,
+            fence=self.fence,
+            ttl_ms=self.cfg.ttl_ms,
+            seq=self.seq,
+            status=status,
+            error=error[:MAX_ERROR_CHARS],
+            maxlen=self.cfg.maxlen,
+            retention_ms=int(self.cfg.retention * 1000),
+            dynamic=self._dynamic(done, total, sample, 0.0, None),
+            pairs=self._static_pairs(),
+        )
 
     def finished(self, code: FinishCode) -> bool:
         """Take the final write's reply; True when the job may be dropped from the index."""
