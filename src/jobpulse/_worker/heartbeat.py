@@ -1,7 +1,9 @@
 """``heartbeat()`` and ``JobHeartbeat``: the asyncio shell of a job's heartbeat.
 
-Every decision (what a beat carries, what a reply means, which final state) is the pure
-:class:`~jobpulse._worker.machine.BeatMachine`'s; this shell does the I/O and the timers. Beats
+Every decision (what a beat carries, what a reply means, which final state, what the exit
+raises) is the pure :class:`~jobpulse._worker.machine.BeatMachine`'s, and entering and the final
+write are the step sequences of :mod:`~jobpulse._worker.life`; this shell drives them
+(``_drive``: awaits, sends, sleeps) and keeps the timers. Beats
 are not sent by a task of the job's own: every job of a process (per Redis client) is beaten by
 one shared :class:`~jobpulse._worker.ticker.Ticker`, which pipelines the ``EVALSHA``s of all due
 jobs and talks to a job through the narrow ``Beating`` interface (``beat``, ``beat_replied``,
@@ -23,19 +25,19 @@ from collections.abc import Callable
 from contextvars import Token
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from .._protocol import calls
 from .._protocol.calls import BeatReply
 from .._protocol.clients import AsyncClient
 from .._protocol.cluster import pipelined
 from .._protocol.deadline import cancellable
-from .._protocol.errors import is_redis_fault, tolerate_faults
 from .._protocol.ratelimit import RateLimitedLog
-from ..errors import JobCancelled, LeaseLost, LeaseLostCause, StateNotWritten
+from ..errors import LeaseLost, LeaseLostCause
 from .current import enter_current, leave_current
 from .lease import Lease
-from .machine import ACQUIRE_RETRY_CAP, ACQUIRE_RETRY_FIRST, BeatMachine, ReplyVerdict
+from .life import Command, Send, Sleep, Steps, acquire_steps, final_steps
+from .machine import BeatMachine, ReplyVerdict
 from .progress import ProgressCell
 from .sampling import ProcessSample
 from .stats import WORKER_STATS, notify
@@ -44,6 +46,7 @@ from .ticker import Ticker
 __all__ = ["HeartbeatStatistics", "JobHeartbeat", "heartbeat"]
 
 log = logging.getLogger("jobpulse")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,8 +233,8 @@ class JobHeartbeat:
         self._ticker = ticker = Ticker.for_client(self._redis, self._clock)
         self.progress = ProgressCell(self._m.total)
         try:
-            async with ticker.slot():
-                await self._acquire()
+            await self._drive(acquire_steps(self._m, self._clock, self._warn.warning))
+            self._arm_expiry(self._m.lease.deadline)
         except BaseException:
             self.progress._unlink()
             raise
@@ -240,58 +243,31 @@ class JobHeartbeat:
         self._current = enter_current(self)
         return self
 
-    async def _acquire(self) -> None:
-        """Index the job, then take its lease (two steps: on a cluster the index shard and the
-        job's keys live in different slots, so no one script can do both).
-
-        The index entry goes first (``enroll.lua``, an intent record): a job is RUNNING only
-        after its entry exists, and ``acquire.lua`` refuses to start once that entry may have
-        been dropped, so every RUNNING job is findable by the sweeper from the moment it
-        exists. An entry whose acquire never ran is dropped by the sweeper ("not running").
-        Both scripts are safe to replay (redis-py retries after a connection error).
-        """
-        m = self._m
-        sent_at = self._clock()
-        enrolled = False
-        fault: BaseException | None = None
-        try:
-            async with asyncio.timeout(m.cfg.ttl):
-                delay = ACQUIRE_RETRY_FIRST
-                while True:
-                    try:
-                        deadline = await cancellable(calls.run(self._redis, m.enroll_call()))
-                        enrolled = True
-                        reply = await cancellable(calls.run(self._redis, m.acquire_call(deadline)))
-                        break
-                    except Exception as exc:
-                        if not is_redis_fault(exc):
-                            raise
-                        # Both scripts are safe to replay: a fault (a reset connection, a
-                        # failover, a cluster client still learning its slots) is retried
-                        # within ttl; a replayed acquire that finds its own lease answers the
-                        # attempt it started.
-                        fault = exc
-                        await asyncio.sleep(delay)
-                        delay = min(delay * 2, ACQUIRE_RETRY_CAP)
-        except TimeoutError as exc:
-            raise TimeoutError(m.acquire_timeout_text(enrolled, fault)) from exc
-        m.acquired(reply, sent_at)
-        self._arm_expiry(m.lease.deadline)
-        # The per-kind index (docs/protocol.md), scored by this attempt's start: best effort,
-        # like the metrics it serves (the running-jobs index above is what recovery needs).
-        with tolerate_faults(
-            lambda e: self._warn.warning("job %s: kind not indexed: %r", m.job_id, e)
-        ):
-            replies = await pipelined(
-                self._redis,
-                [
-                    ("ZADD", m.schema.kind_index(m.kind), m.started_ms, m.job_id),
-                    ("ZADD", m.schema.kinds(), m.index_score, m.kind),
-                ],
-            )
-            for reply in replies:
-                if isinstance(reply, Exception):
-                    raise reply
+    async def _drive(self, steps: Steps[R]) -> R:
+        """Run a sequence of :mod:`~jobpulse._worker.life` on this shell's client: the asyncio
+        driver (each call bounded by its step's timeout and holding one of the ticker's
+        connection slots; a sleep holds none)."""
+        reply: Any = None
+        error: BaseException | None = None
+        while True:
+            try:
+                step = steps.send(reply) if error is None else steps.throw(error)
+            except StopIteration as stop:
+                return cast(R, stop.value)
+            reply, error = None, None
+            try:
+                if isinstance(step, Sleep):
+                    await asyncio.sleep(step.seconds)
+                    continue
+                async with asyncio.timeout(step.timeout), self._slot():
+                    if isinstance(step, Send):
+                        reply = await cancellable(calls.run(self._redis, step.call))
+                    elif isinstance(step, Command):
+                        reply = await cancellable(self._redis.execute_command(*step.args))
+                    else:
+                        reply = await cancellable(pipelined(self._redis, step.commands))
+            except Exception as exc:
+                error = exc
 
     async def __aexit__(
         self,
@@ -324,100 +300,38 @@ class JobHeartbeat:
         """Write the final state; raise what the ``async with`` must raise (else the body's
         own exception, if any, propagates unchanged)."""
         m = self._m
-        plan = m.final_plan(
-            crash=self._crash,
-            exc=None if isinstance(exc, asyncio.CancelledError) else exc,
-            cancelled=external_cancel or isinstance(exc, JobCancelled),
+        interrupted = isinstance(exc, asyncio.CancelledError)
+        plan = m.end_plan(
+            crash=self._crash, exc=exc, interrupted=interrupted, external_cancel=external_cancel
         )
         written: bool | None = None
         if plan.write:
-            task = asyncio.ensure_future(self._final_write(plan.status, plan.error, plan.limit))
+            steps = final_steps(m, plan, self._clock, self._warn.warning, self._reading)
+            task = asyncio.ensure_future(self._drive(steps))
             try:
                 written = await asyncio.shield(task)
             except asyncio.CancelledError:
                 written = await task
                 raise
-
-        if self._crash is not None:
-            raise self._crash
-        if m.lease.lost is not None:
-            raise LeaseLost(self.job_id, m.lease.lost) from (
-                None if isinstance(exc, asyncio.CancelledError | JobCancelled) else exc
-            )
-        if written is False:
-            message = (
-                f"the final state {plan.status} of job {self.job_id!r} was not written to Redis"
-            )
-            if exc is None:
-                raise StateNotWritten(message)
-            exc.add_note(message)
-        if external_cancel:
-            return
-        if m.cancel_requested and (exc is None or isinstance(exc, asyncio.CancelledError)):
-            raise JobCancelled(f"job {self.job_id!r} was cancelled on request")
-
-    async def _final_write(self, status: str, error: str, limit: float) -> bool:
-        """Write the final state, retrying through Redis faults for up to ``limit`` seconds.
-
-        Returns True when written (or already ended), False when it could not be written.
-        """
-        m = self._m
-        deadline = self._clock() + limit
-        delay = 0.05
-        m.seq += 1
-        await self._read_index_score(limit)
-        while True:
-            sample = self._ticker.sample() if self._ticker else None
-            call = m.finish_call(status, error, sample, *self._reading())
-            failure: list[BaseException] = []
-            with tolerate_faults(failure.append):
-                async with asyncio.timeout(max(deadline - self._clock(), 0.01)), self._slot():
-                    code = await cancellable(calls.run(self._redis, call))
-            if not failure:
-                if m.finished(code):
-                    await self._unindex()
-                return True
-            if self._clock() + delay >= deadline:
-                log.error("job %s: final state %s not written: %r", self.job_id, status, failure[0])
-                WORKER_STATS.final_writes_failed += 1
-                return False
-            self._warn.warning("job %s: final write failed, retrying: %r", self.job_id, failure[0])
-            await asyncio.sleep(delay)
-            delay = min(delay * 2, 2.0)
-
-    async def _read_index_score(self, limit: float) -> None:
-        """Read the job's running-index score before the final write (best effort, bounded).
-
-        The conditional removal after the final write spares any entry moved past what this
-        worker knows, because a new attempt's ``enroll.lua`` always moves it past the current
-        score. Two writes also move it without the worker knowing: a sweeper re-scoring the
-        entry of a live but late job, and an index refresh whose reply was lost. Both happen
-        before the final write, never after it, so reading the score now (while the job is
-        still ours: no new attempt can exist) covers them; an entry a new attempt enrolls
-        after the final write still scores above what is read here.
-        """
-        m = self._m
-        with tolerate_faults(lambda _: None):  # the removal stays conditional on what we wrote
-            async with asyncio.timeout(min(limit, m.cfg.ttl)), self._slot():
-                m.index_read(await cancellable(self._redis.zscore(m.index_shard, m.job_id)))
-
-    async def _unindex(self) -> None:
-        """Drop the job from the running-jobs index (best effort: a sweeper drops entries of
-        ended jobs it meets, so a failure here costs one wasted claim attempt, never a job)."""
-        warn = self._warn.warning
-        with tolerate_faults(
-            lambda e: warn("job %s: not dropped from the index: %r", self.job_id, e)
-        ):
-            async with asyncio.timeout(self._m.cfg.ttl), self._slot():
-                for call in self._m.unindex_calls():
-                    await cancellable(calls.run(self._redis, call))
+        verdict = m.exit_verdict(
+            crash=self._crash,
+            exc=exc,
+            interrupted=interrupted,
+            external_cancel=external_cancel,
+            status=plan.status,
+            written=written,
+        )
+        if verdict.note is not None and exc is not None:
+            exc.add_note(verdict.note)
+        if verdict.error is not None:
+            raise verdict.error
 
     def _slot(self) -> contextlib.AbstractAsyncContextManager[Any]:
         return self._ticker.slot() if self._ticker is not None else contextlib.nullcontext()
 
-    def _reading(self) -> tuple[int, int | None]:
+    def _reading(self) -> tuple[ProcessSample | None, int, int | None]:
         cell = self.progress
-        return cell.done, cell.total
+        return (self._ticker.sample() if self._ticker else None), cell.done, cell.total
 
     # -- the ticker's interface (synchronous, no I/O) --------------------------------------
 
@@ -426,7 +340,7 @@ class JobHeartbeat:
         return self._m
 
     def beat(self, now: float, lag: float, sample: ProcessSample) -> list[Any]:
-        return self._m.next_beat(now, lag, sample, *self._reading())
+        return self._m.next_beat(now, lag, sample, self.progress.done, self.progress.total)
 
     def beat_replied(self, sent_at: float, reply: BeatReply) -> None:
         verdict = self._m.replied(sent_at, reply, ended=self._ended)

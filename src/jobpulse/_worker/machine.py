@@ -26,17 +26,13 @@ from .._protocol import calls, wire
 from .._protocol.calls import AcquireCode, AcquireReply, BeatCode, BeatReply, FinishCode
 from .._protocol.codec import dump_json, fmt_float, fmt_int, load_json
 from .._protocol.keys import KeySchema, check_job_id
-from ..errors import JobBusy, LeaseLostCause
+from ..errors import JobBusy, JobCancelled, LeaseLost, LeaseLostCause, StateNotWritten
 from .config import MAX_ERROR_CHARS, HeartbeatConfig, check_kind, check_stage, check_total
 from .lease import Lease
+from .retry import retry_after
 from .sampling import ProcessSample, RateWindow
 
-__all__ = ["BeatMachine", "Expiry", "FinalPlan", "ReplyVerdict", "error_text"]
-
-ACQUIRE_RETRY_FIRST = 0.02
-"""Seconds before the first retry of the index entry and the acquire after a Redis fault."""
-ACQUIRE_RETRY_CAP = 0.5
-"""The retries back off (doubling) up to this many seconds; all of them within ``ttl``."""
+__all__ = ["BeatMachine", "ExitVerdict", "Expiry", "FinalPlan", "ReplyVerdict", "error_text"]
 
 H = TypeVar("H")
 
@@ -78,6 +74,20 @@ class Expiry:
     cause: LeaseLostCause | None
     beat_now: bool
     recheck_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ExitVerdict:
+    """What leaving a heartbeat's ``with`` block does (:meth:`BeatMachine.exit_verdict`).
+
+    Attributes:
+        error: the exception to raise (its ``__cause__`` set), else None: the body's own
+            exception, if any, propagates unchanged.
+        note: a note to add to the body's own exception, else None.
+    """
+
+    error: BaseException | None
+    note: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,6 +241,14 @@ class BeatMachine(Generic[H]):
             + f") while trying to {step}; {left}"
         )
 
+    def kind_index_commands(self) -> list[tuple[Any, ...]]:
+        """The per-kind index entry and the kinds set, written at acquire (docs/protocol.md):
+        scored by this attempt's start, and by its running-index deadline."""
+        return [
+            tuple(wire.zadd(self.schema.kind_index(self.kind), {self.job_id: self.started_ms})),
+            tuple(wire.zadd(self.schema.kinds(), {self.kind: self.index_score})),
+        ]
+
     # -- the body's requests -------------------------------------------------------------------
 
     def set_stage(self, name: str) -> bool:
@@ -374,7 +392,7 @@ class BeatMachine(Generic[H]):
         if inflight is not None and inflight[1] is not None:
             self._replay = (self.seq, inflight[1])
         self._requeue(inflight)
-        self.due = sent_at if at_once else sent_at + min(self.cfg.interval, 0.25)
+        self.due = sent_at if at_once else sent_at + retry_after(self.cfg.interval)
         # a late beat that got no answer: lost (one that is sent again at once wrote nothing:
         # a NOSCRIPT, a refused TIME; its resend decides)
         if not at_once and self.lease.held and sent_at >= self.lease.deadline:
@@ -465,6 +483,64 @@ class BeatMachine(Generic[H]):
             limit = min(limit, self.cfg.interval)
         write = cause in (None, LeaseLostCause.EXPIRED)
         return FinalPlan(status, error, write, limit)
+
+    def end_plan(
+        self,
+        *,
+        crash: BaseException | None,
+        exc: BaseException | None,
+        interrupted: bool,
+        external_cancel: bool,
+    ) -> FinalPlan:
+        """:meth:`final_plan` of how the body ended, in every shell's terms. ``exc``: what left
+        the body; ``interrupted``: ``exc`` is the shell's own interruption of the body (the
+        asyncio shell's task cancellation), not an outcome of the job; ``external_cancel``: the
+        body was cancelled from outside jobpulse (the asyncio task's owner)."""
+        return self.final_plan(
+            crash=crash,
+            exc=None if interrupted else exc,
+            cancelled=external_cancel or isinstance(exc, JobCancelled),
+        )
+
+    def exit_verdict(
+        self,
+        *,
+        crash: BaseException | None,
+        exc: BaseException | None,
+        interrupted: bool,
+        external_cancel: bool,
+        status: str,
+        written: bool | None,
+    ) -> ExitVerdict:
+        """What leaving the ``with`` block raises, after the final write (``written``: True,
+        False, or None when nothing was to be written): a crash of jobpulse's own >
+        ``LeaseLost`` > ``StateNotWritten`` (the body succeeded, its end was not written; when it
+        failed, its own exception gets a note instead) > ``JobCancelled`` (a cancel request the
+        body did not answer with ``JobCancelled`` itself) > the body's own exception, unchanged.
+        Arguments as for :meth:`end_plan`."""
+        if crash is not None:
+            return ExitVerdict(crash, None)
+        if self.lease.lost is not None:
+            lost = LeaseLost(self.job_id, self.lease.lost)
+            quiet = interrupted or isinstance(exc, JobCancelled)
+            lost.__cause__ = None if quiet else exc  # ``raise lost from ...``
+            lost.__suppress_context__ = True
+            return ExitVerdict(lost, None)
+        if written is False:
+            message = f"the final state {status} of job {self.job_id!r} was not written to Redis"
+            if exc is None:
+                return ExitVerdict(StateNotWritten(message), None)
+            if not external_cancel:
+                return ExitVerdict(self._cancel_error(exc, interrupted), message)
+            return ExitVerdict(None, message)
+        if external_cancel:
+            return ExitVerdict(None, None)
+        return ExitVerdict(self._cancel_error(exc, interrupted), None)
+
+    def _cancel_error(self, exc: BaseException | None, interrupted: bool) -> JobCancelled | None:
+        if self.cancel_requested and (exc is None or interrupted):
+            return JobCancelled(f"job {self.job_id!r} was cancelled on request")
+        return None
 
     def finish_call(
         self,

@@ -1,7 +1,8 @@
 """``jobpulse.sync.heartbeat()`` and ``SyncHeartbeat``: the thread shell of a job's heartbeat.
 
-The same :class:`~jobpulse._worker.machine.BeatMachine` as the asyncio shell decides everything;
-this shell does blocking I/O in the body's thread (acquire, final write) and leaves the beats and
+The same :class:`~jobpulse._worker.machine.BeatMachine` as the asyncio shell decides everything,
+and the same step sequences of :mod:`~jobpulse._worker.life` enter and end the job; this shell
+drives them with blocking I/O in the body's thread (``_drive``) and leaves the beats and
 the lease deadline to the client's one :class:`~jobpulse._worker.thread_ticker.ThreadTicker`
 thread. A sync body cannot be interrupted: it learns of a cancel request or a lost lease through
 :meth:`SyncHeartbeat.check` or :attr:`SyncHeartbeat.cancelled` (and ``progress.check()``).
@@ -18,17 +19,17 @@ import time
 from collections.abc import Callable
 from contextvars import Token
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar, cast
 
 from .._protocol import calls
 from .._protocol.calls import BeatReply
 from .._protocol.clients import SyncClient
-from .._protocol.errors import is_redis_fault, tolerate_faults
 from .._protocol.ratelimit import RateLimitedLog
-from ..errors import JobCancelled, LeaseLost, LeaseLostCause, StateNotWritten
+from ..errors import JobCancelled, LeaseLost, LeaseLostCause
 from .current import enter_current, leave_current
 from .heartbeat import HeartbeatStatistics
-from .machine import ACQUIRE_RETRY_CAP, ACQUIRE_RETRY_FIRST, BeatMachine
+from .life import Command, Send, Sleep, Steps, acquire_steps, final_steps
+from .machine import BeatMachine
 from .progress import ProgressCell
 from .sampling import ProcessSample
 from .stats import WORKER_STATS, notify
@@ -37,6 +38,7 @@ from .thread_ticker import ThreadTicker
 __all__ = ["SyncHeartbeat", "heartbeat"]
 
 log = logging.getLogger("jobpulse")
+R = TypeVar("R")
 
 _Handle = concurrent.futures.Future[None]
 
@@ -208,7 +210,7 @@ class SyncHeartbeat:
         self._ticker = ThreadTicker.for_client(self._redis, self._clock)
         self.progress = ProgressCell(self._m.total)
         try:
-            self._acquire()
+            self._drive(acquire_steps(self._m, self._clock, self._warn.warning))
         except BaseException:
             self.progress._unlink()
             raise
@@ -217,35 +219,31 @@ class SyncHeartbeat:
         self._current = enter_current(self)
         return self
 
-    def _acquire(self) -> None:
-        """Index the job, then take its lease (see ``JobHeartbeat._acquire``: the same two
-        replay-safe scripts; ``acquire.lua`` refuses a start that came too late)."""
-        m = self._m
-        sent_at = self._clock()
-        enrolled = False
-        give_up = sent_at + m.cfg.ttl
-        delay = ACQUIRE_RETRY_FIRST
+    def _drive(self, steps: Steps[R]) -> R:
+        """Run a sequence of :mod:`~jobpulse._worker.life` on this shell's client: the blocking
+        driver (a call is bounded by the client's ``socket_timeout``, see ``docs/sync.md``)."""
+        reply: Any = None
+        error: BaseException | None = None
         while True:
             try:
-                deadline = calls.run_sync(self._redis, m.enroll_call())
-                enrolled = True
-                reply = calls.run_sync(self._redis, m.acquire_call(deadline))
-                break
+                step = steps.send(reply) if error is None else steps.throw(error)
+            except StopIteration as stop:
+                return cast(R, stop.value)
+            reply, error = None, None
+            try:
+                if isinstance(step, Sleep):
+                    time.sleep(step.seconds)
+                elif isinstance(step, Send):
+                    reply = calls.run_sync(self._redis, step.call)
+                elif isinstance(step, Command):
+                    reply = self._redis.execute_command(*step.args)
+                else:
+                    pipe = self._redis.pipeline(transaction=False)
+                    for command in step.commands:
+                        pipe.execute_command(*command)
+                    reply = pipe.execute(raise_on_error=False)
             except Exception as exc:
-                if not is_redis_fault(exc):
-                    raise
-                # both scripts are safe to replay: retried within ttl, as in the asyncio shell
-                if self._clock() + delay >= give_up:
-                    raise TimeoutError(m.acquire_timeout_text(enrolled, exc)) from exc
-                time.sleep(delay)
-                delay = min(delay * 2, ACQUIRE_RETRY_CAP)
-        m.acquired(reply, sent_at)
-        warn = self._warn.warning
-        with tolerate_faults(lambda e: warn("job %s: kind not indexed: %r", m.job_id, e)):
-            pipe = self._redis.pipeline(transaction=False)
-            pipe.zadd(m.schema.kind_index(m.kind), {m.job_id: m.started_ms})
-            pipe.zadd(m.schema.kinds(), {m.kind: m.index_score})
-            pipe.execute()
+                error = exc
 
     def __exit__(
         self,
@@ -271,61 +269,31 @@ class SyncHeartbeat:
             self.progress._unlink()
 
     def _finish(self, exc: BaseException | None) -> None:
+        """Write the final state; raise what the ``with`` must raise (else the body's own
+        exception, if any, propagates unchanged). A sync body is never interrupted by us."""
         m = self._m
         with self._lock():
-            plan = m.final_plan(
-                crash=self._crash,
-                exc=exc,
-                cancelled=isinstance(exc, JobCancelled),
-            )
-        written = self._final_write(plan.status, plan.error, plan.limit) if plan.write else None
-        if self._crash is not None:
-            raise self._crash
-        if m.lease.lost is not None:
-            raise LeaseLost(self.job_id, m.lease.lost) from (
-                None if isinstance(exc, JobCancelled) else exc
-            )
-        if written is False:
-            message = f"the final state {plan.status} of job {self.job_id!r} was not written"
-            if exc is None:
-                raise StateNotWritten(message)
-            exc.add_note(message)
-        if m.cancel_requested and exc is None:
-            raise JobCancelled(f"job {self.job_id!r} was cancelled on request")
+            plan = m.end_plan(crash=self._crash, exc=exc, interrupted=False, external_cancel=False)
+        written: bool | None = None
+        if plan.write:
+            steps = final_steps(m, plan, self._clock, self._warn.warning, self._reading)
+            written = self._drive(steps)
+        verdict = m.exit_verdict(
+            crash=self._crash,
+            exc=exc,
+            interrupted=False,
+            external_cancel=False,
+            status=plan.status,
+            written=written,
+        )
+        if verdict.note is not None and exc is not None:
+            exc.add_note(verdict.note)
+        if verdict.error is not None:
+            raise verdict.error
 
-    def _final_write(self, status: str, error: str, limit: float) -> bool:
-        """Write the final state, retrying through Redis faults for up to ``limit`` seconds."""
-        m = self._m
-        deadline = self._clock() + limit
-        delay = 0.05
-        m.seq += 1
-        with tolerate_faults(lambda _: None):  # the removal stays conditional on what we wrote
-            m.index_read(self._redis.zscore(m.index_shard, m.job_id))
-        while True:
-            sample = self._ticker.sample() if self._ticker else None
-            call = m.finish_call(status, error, sample, self.progress.done, self.progress.total)
-            failure: list[BaseException] = []
-            with tolerate_faults(failure.append):
-                code = calls.run_sync(self._redis, call)
-            if not failure:
-                if m.finished(code):
-                    self._unindex()
-                return True
-            if self._clock() + delay >= deadline:
-                log.error("job %s: final state %s not written: %r", self.job_id, status, failure[0])
-                WORKER_STATS.final_writes_failed += 1
-                return False
-            self._warn.warning("job %s: final write failed, retrying: %r", self.job_id, failure[0])
-            time.sleep(delay)
-            delay = min(delay * 2, 2.0)
-
-    def _unindex(self) -> None:
-        warn = self._warn.warning
-        with tolerate_faults(
-            lambda e: warn("job %s: not dropped from the index: %r", self.job_id, e)
-        ):
-            for call in self._m.unindex_calls():
-                calls.run_sync(self._redis, call)
+    def _reading(self) -> tuple[ProcessSample | None, int, int | None]:
+        cell = self.progress
+        return (self._ticker.sample() if self._ticker else None), cell.done, cell.total
 
     def _lock(self) -> Any:
         assert self._ticker is not None

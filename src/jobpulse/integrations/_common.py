@@ -46,6 +46,7 @@ from .._protocol.ratelimit import RateLimitedLog
 from .._worker.config import MAX_KIND_CHARS, HeartbeatConfig
 from .._worker.current import current
 from .._worker.heartbeat import JobHeartbeat, heartbeat
+from .._worker.retry import retry_after
 from .._worker.sync_heartbeat import SyncHeartbeat
 from .._worker.sync_heartbeat import heartbeat as sync_heartbeat
 from ..errors import JobBusy
@@ -225,7 +226,7 @@ async def pulse(
         except JobBusy:
             if time.monotonic() >= deadline:
                 raise
-            await asyncio.sleep(min(options.interval, 0.25))
+            await asyncio.sleep(retry_after(options.interval))
             continue
         break
     try:
@@ -339,7 +340,7 @@ def pulse_sync(
         except JobBusy:
             if time.monotonic() >= deadline:
                 raise
-            time.sleep(min(options.interval, 0.25))
+            time.sleep(retry_after(options.interval))
             continue
         break
 
