@@ -13,6 +13,7 @@ from jobpulse._protocol import calls
 from jobpulse._protocol.calls import AcquireCode, AcquireReply, BeatCode, BeatReply, FinishCode
 from jobpulse._protocol.codec import DYNAMIC_FIELDS
 from jobpulse._worker.machine import BeatMachine
+from jobpulse._worker.options import HeartbeatSpec
 from jobpulse._worker.plan import BATCH, BeatPlan, beat_calls
 from jobpulse._worker.sampling import ProcessSample
 
@@ -26,7 +27,7 @@ def machine(**options: Any) -> BeatMachine[str]:
         max_details_bytes=65536, final_timeout=30.0, index_every=10, index_shards=1,
     )  # fmt: skip
     settings.update(options)
-    m: BeatMachine[str] = BeatMachine("job", **settings)
+    m: BeatMachine[str] = BeatMachine("job", HeartbeatSpec(**settings))
     m.acquired(AcquireReply(AcquireCode.STARTED, 3, 1, 0, "", 1000), sent_at=100.0)
     return m
 
@@ -367,9 +368,11 @@ class _Beating:
 
 def machine_for(job_id: str) -> BeatMachine[str]:
     m: BeatMachine[str] = BeatMachine(
-        job_id, total=None, interval=1.0, ttl=6.0, namespace="t", meta=None, kind="",
-        worker="w", stream_every=10, maxlen=1000, retention=3600.0, max_meta_bytes=65536,
-        max_details_bytes=65536, final_timeout=30.0, index_every=10, index_shards=1,
+        job_id, HeartbeatSpec(
+            total=None, interval=1.0, ttl=6.0, namespace="t", meta=None, kind="", worker="w",
+            stream_every=10, maxlen=1000, retention=3600.0, max_meta_bytes=65536,
+            max_details_bytes=65536, final_timeout=30.0, index_every=10, index_shards=1,
+        ),
     )  # fmt: skip
     m.acquired(AcquireReply(AcquireCode.STARTED, 3, 1, 0, "", 1000), sent_at=100.0)
     return m

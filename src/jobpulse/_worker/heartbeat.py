@@ -20,12 +20,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import time
-from collections.abc import Callable
 from contextvars import Token
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar, Unpack, cast
 
 from .._protocol import calls
 from .._protocol.calls import BeatReply
@@ -38,6 +36,7 @@ from .current import enter_current, leave_current
 from .lease import Lease
 from .life import Command, Send, Sleep, Steps, acquire_steps, final_steps
 from .machine import BeatMachine, ReplyVerdict
+from .options import HeartbeatOptions, HeartbeatSpec
 from .progress import ProgressCell
 from .sampling import ProcessSample
 from .stats import WORKER_STATS, notify
@@ -88,50 +87,13 @@ class JobHeartbeat:
         kind: the job's kind (``""`` for none), as given to :func:`heartbeat`.
     """
 
-    def __init__(
-        self,
-        redis: AsyncClient,
-        job_id: str,
-        *,
-        total: int | None = None,
-        interval: float = 1.0,
-        ttl: float = 6.0,
-        namespace: str = "jobpulse",
-        meta: Any = None,
-        kind: str = "",
-        worker: str | None = None,
-        stream_every: int = 10,
-        maxlen: int = 1000,
-        retention: float = 3600.0,
-        max_meta_bytes: int = 64 * 1024,
-        max_details_bytes: int = 64 * 1024,
-        final_timeout: float = 30.0,
-        index_every: int = 10,
-        index_shards: int = 1,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._m: BeatMachine[asyncio.Future[None]] = BeatMachine(
-            job_id,
-            total=total,
-            interval=interval,
-            ttl=ttl,
-            namespace=namespace,
-            meta=meta,
-            kind=kind,
-            worker=worker,
-            stream_every=stream_every,
-            maxlen=maxlen,
-            retention=retention,
-            max_meta_bytes=max_meta_bytes,
-            max_details_bytes=max_details_bytes,
-            final_timeout=final_timeout,
-            index_every=index_every,
-            index_shards=index_shards,
-        )
+    def __init__(self, redis: AsyncClient, job_id: str, spec: HeartbeatSpec) -> None:
+        """Private: use the factory, which prepares ``spec`` from its keyword options."""
+        self._m: BeatMachine[asyncio.Future[None]] = BeatMachine(job_id, spec)
         self.job_id = self._m.job_id
         self.kind = self._m.kind
         self._redis: Any = redis
-        self._clock = clock
+        self._clock = clock = spec.clock
         self._warn = RateLimitedLog(log, clock)
         self.progress: ProgressCell
         self._expiry: asyncio.TimerHandle | None = None
@@ -438,27 +400,7 @@ class JobHeartbeat:
             raise LeaseLost(self.job_id, self._m.lease.lost)
 
 
-def heartbeat(
-    redis: AsyncClient,
-    job_id: str,
-    *,
-    total: int | None = None,
-    interval: float = 1.0,
-    ttl: float = 6.0,
-    namespace: str = "jobpulse",
-    meta: Any = None,
-    kind: str = "",
-    worker: str | None = None,
-    stream_every: int = 10,
-    maxlen: int = 1000,
-    retention: float = 3600.0,
-    max_meta_bytes: int = 64 * 1024,
-    max_details_bytes: int = 64 * 1024,
-    final_timeout: float = 30.0,
-    index_every: int = 10,
-    index_shards: int = 1,
-    clock: Callable[[], float] = time.monotonic,
-) -> JobHeartbeat:
+def heartbeat(redis: AsyncClient, job_id: str, **options: Unpack[HeartbeatOptions]) -> JobHeartbeat:
     """Run a job under a heartbeat: ``async with heartbeat(redis, job_id) as hb: ...``.
 
     Entering takes the job's lease and writes its first snapshot and ``start`` entry (so the job
@@ -500,26 +442,7 @@ def heartbeat(
         LeaseLost: (on exit) the lease was lost; the job was stopped.
         JobCancelled: (on exit) the job was cancelled on request.
     """
-    return JobHeartbeat(
-        redis,
-        job_id,
-        total=total,
-        interval=interval,
-        ttl=ttl,
-        namespace=namespace,
-        meta=meta,
-        kind=kind,
-        worker=worker,
-        stream_every=stream_every,
-        maxlen=maxlen,
-        retention=retention,
-        max_meta_bytes=max_meta_bytes,
-        max_details_bytes=max_details_bytes,
-        final_timeout=final_timeout,
-        index_every=index_every,
-        index_shards=index_shards,
-        clock=clock,
-    )
+    return JobHeartbeat(redis, job_id, HeartbeatSpec(**options))
 
 
 def _fail(future: asyncio.Future[None], exc: BaseException) -> None:

@@ -19,7 +19,7 @@ import os
 import secrets
 import socket
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Generic, TypeVar
 
 from .._protocol import calls, wire
@@ -29,6 +29,7 @@ from .._protocol.keys import KeySchema, check_job_id
 from ..errors import JobBusy, JobCancelled, LeaseLost, LeaseLostCause, StateNotWritten
 from .config import MAX_ERROR_CHARS, HeartbeatConfig, check_kind, check_stage, check_total
 from .lease import Lease
+from .options import HeartbeatSpec
 from .retry import retry_after
 from .sampling import ProcessSample, RateWindow
 
@@ -104,43 +105,18 @@ class FinalPlan:
 class BeatMachine(Generic[H]):
     """The state of one job's heartbeat. Every argument is checked here, before any I/O."""
 
-    def __init__(
-        self,
-        job_id: str,
-        *,
-        total: int | None,
-        interval: float,
-        ttl: float,
-        namespace: str,
-        meta: Any,
-        kind: str,
-        worker: str | None,
-        stream_every: int,
-        maxlen: int,
-        retention: float,
-        max_meta_bytes: int,
-        max_details_bytes: int,
-        final_timeout: float,
-        index_every: int,
-        index_shards: int,
-    ) -> None:
+    def __init__(self, job_id: str, spec: HeartbeatSpec) -> None:
         self.job_id = check_job_id(job_id)
-        self.schema = KeySchema(namespace, index_shards)
+        self.schema = KeySchema(spec.namespace, spec.index_shards)
         self.keys = self.schema.job(job_id).all()
         self.index_shard = self.schema.index_for(job_id)  # the running-index shard of the job
+        # the checked timing and size options: the spec's fields of the same names
         self.cfg = HeartbeatConfig(
-            interval=interval,
-            ttl=ttl,
-            stream_every=stream_every,
-            maxlen=maxlen,
-            retention=retention,
-            max_meta_bytes=max_meta_bytes,
-            max_details_bytes=max_details_bytes,
-            final_timeout=final_timeout,
-            index_every=index_every,
+            **{f.name: getattr(spec, f.name) for f in fields(HeartbeatConfig)}
         )
+        total, meta, kind, worker = spec.total, spec.meta, spec.kind, spec.worker
         self.total = check_total(total)
-        self.meta = "" if meta is None else dump_json(meta, limit=max_meta_bytes, name="meta")
+        self.meta = "" if meta is None else dump_json(meta, limit=spec.max_meta_bytes, name="meta")
         self.kind = check_kind(kind)
         self.worker = worker if worker is not None else f"{socket.gethostname()}:{os.getpid()}"
         if not isinstance(self.worker, str) or not 1 <= len(self.worker) <= 200:

@@ -16,10 +16,9 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from collections.abc import Callable
 from contextvars import Token
 from types import TracebackType
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar, Unpack, cast
 
 from .._protocol import calls
 from .._protocol.calls import BeatReply
@@ -30,6 +29,7 @@ from .current import enter_current, leave_current
 from .heartbeat import HeartbeatStatistics
 from .life import Command, Send, Sleep, Steps, acquire_steps, final_steps
 from .machine import BeatMachine
+from .options import HeartbeatOptions, HeartbeatSpec
 from .progress import ProgressCell
 from .sampling import ProcessSample
 from .stats import WORKER_STATS, notify
@@ -52,50 +52,13 @@ class SyncHeartbeat:
         kind: the job's kind (``""`` for none).
     """
 
-    def __init__(
-        self,
-        redis: SyncClient,
-        job_id: str,
-        *,
-        total: int | None = None,
-        interval: float = 1.0,
-        ttl: float = 6.0,
-        namespace: str = "jobpulse",
-        meta: Any = None,
-        kind: str = "",
-        worker: str | None = None,
-        stream_every: int = 10,
-        maxlen: int = 1000,
-        retention: float = 3600.0,
-        max_meta_bytes: int = 64 * 1024,
-        max_details_bytes: int = 64 * 1024,
-        final_timeout: float = 30.0,
-        index_every: int = 10,
-        index_shards: int = 1,
-        clock: Callable[[], float] = time.monotonic,
-    ) -> None:
-        self._m: BeatMachine[_Handle] = BeatMachine(
-            job_id,
-            total=total,
-            interval=interval,
-            ttl=ttl,
-            namespace=namespace,
-            meta=meta,
-            kind=kind,
-            worker=worker,
-            stream_every=stream_every,
-            maxlen=maxlen,
-            retention=retention,
-            max_meta_bytes=max_meta_bytes,
-            max_details_bytes=max_details_bytes,
-            final_timeout=final_timeout,
-            index_every=index_every,
-            index_shards=index_shards,
-        )
+    def __init__(self, redis: SyncClient, job_id: str, spec: HeartbeatSpec) -> None:
+        """Private: use the factory, which prepares ``spec`` from its keyword options."""
+        self._m: BeatMachine[_Handle] = BeatMachine(job_id, spec)
         self.job_id = self._m.job_id
         self.kind = self._m.kind
         self._redis: Any = redis
-        self._clock = clock
+        self._clock = clock = spec.clock
         self._warn = RateLimitedLog(log, clock)
         self.progress: ProgressCell
         self._ticker: ThreadTicker | None = None
@@ -370,27 +333,7 @@ def _settle(handle: _Handle, error: BaseException | None) -> None:
         handle.set_exception(error)
 
 
-def heartbeat(
-    redis: SyncClient,
-    job_id: str,
-    *,
-    total: int | None = None,
-    interval: float = 1.0,
-    ttl: float = 6.0,
-    namespace: str = "jobpulse",
-    meta: Any = None,
-    kind: str = "",
-    worker: str | None = None,
-    stream_every: int = 10,
-    maxlen: int = 1000,
-    retention: float = 3600.0,
-    max_meta_bytes: int = 64 * 1024,
-    max_details_bytes: int = 64 * 1024,
-    final_timeout: float = 30.0,
-    index_every: int = 10,
-    index_shards: int = 1,
-    clock: Callable[[], float] = time.monotonic,
-) -> SyncHeartbeat:
+def heartbeat(redis: SyncClient, job_id: str, **options: Unpack[HeartbeatOptions]) -> SyncHeartbeat:
     """Run a job under a heartbeat from sync code: ``with heartbeat(client, job_id) as hb: ...``.
 
     The same protocol and exit rules as :func:`jobpulse.heartbeat`: entering takes the lease and
@@ -404,22 +347,8 @@ def heartbeat(
         redis: a ``redis.Redis`` or ``redis.cluster.RedisCluster`` (give it a ``socket_timeout``
             below ``ttl``: a blocking pipeline is bounded by it).
         job_id: 1 to 200 characters of ``A-Z a-z 0-9 . _ - : /``.
-        total: the number of items, or None when unknown (an int >= 0).
-        interval: seconds between beats (> 0).
-        ttl: lease and liveness time in seconds (>= 2 * interval).
-        namespace: the key prefix.
-        meta: JSON-serialisable data stored with the job (at most ``max_meta_bytes``).
-        kind: a low-cardinality job kind (``""``: none).
-        worker: the worker's name (default ``host:pid``).
-        stream_every: a plain ``beat`` stream entry at most every this many beats.
-        maxlen: the events stream cap (``MAXLEN ~``).
-        retention: seconds the snapshot and stream are kept after the end.
-        max_meta_bytes: size limit of ``meta`` as JSON.
-        max_details_bytes: size limit of checkpoint details as JSON.
-        final_timeout: seconds the final write keeps retrying while Redis is unreachable.
-        index_every: the running-jobs index entry is refreshed every this many beats.
-        index_shards: shards of the running-jobs index (as the sweeper's).
-        clock: a monotonic clock in seconds (a seam for tests).
+        **options: the options of :func:`jobpulse.heartbeat` (the same names, types and
+            defaults: ``HeartbeatOptions``).
 
     Raises:
         InvalidJobId: the job id or namespace is invalid (before any Redis command).
@@ -428,23 +357,4 @@ def heartbeat(
         LeaseLost: (on exit) the lease was lost.
         JobCancelled: (on exit) the job was cancelled on request and the body ended normally.
     """
-    return SyncHeartbeat(
-        redis,
-        job_id,
-        total=total,
-        interval=interval,
-        ttl=ttl,
-        namespace=namespace,
-        meta=meta,
-        kind=kind,
-        worker=worker,
-        stream_every=stream_every,
-        maxlen=maxlen,
-        retention=retention,
-        max_meta_bytes=max_meta_bytes,
-        max_details_bytes=max_details_bytes,
-        final_timeout=final_timeout,
-        index_every=index_every,
-        index_shards=index_shards,
-        clock=clock,
-    )
+    return SyncHeartbeat(redis, job_id, HeartbeatSpec(**options))
