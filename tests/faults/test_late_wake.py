@@ -47,6 +47,12 @@ async def reader(direct: aioredis.Redis) -> AsyncIterator[jobpulse.StatusReader]
     await status.aclose()
 
 
+def _spawn(shell: str, server: RedisServer) -> subprocess.Popen[str]:
+    """A worker process of ``shell`` running the job "late" (late_proc.py), its lease held."""
+    args = (shell, server.url, "jobpulse", "late", str(TTL))
+    return spawn_ready("tests.integration.late_proc", *args, stdin=True)
+
+
 async def _state_is(reader: jobpulse.StatusReader, job_id: str, state: JobState) -> bool:
     return (await reader.get(job_id)).state is state
 
@@ -73,10 +79,7 @@ async def test_a_frozen_worker_nobody_claimed_takes_its_lease_back(
     shell: str, private_redis: RedisServer, direct: aioredis.Redis, reader: jobpulse.StatusReader
 ) -> None:
     keys = KeySchema("jobpulse").job("late")
-    proc = spawn_ready(
-        "tests.integration.late_proc", shell, private_redis.url, "jobpulse", "late", str(TTL),
-        stdin=True,
-    )  # fmt: skip
+    proc = _spawn(shell, private_redis)
     try:
         before = await reader.get("late")
         await _freeze_until_stale(proc, reader)
@@ -105,10 +108,7 @@ async def test_a_frozen_worker_whose_job_was_claimed_stays_lost(
     shell: str, private_redis: RedisServer, direct: aioredis.Redis, reader: jobpulse.StatusReader
 ) -> None:
     keys = KeySchema("jobpulse").job("late")
-    proc = spawn_ready(
-        "tests.integration.late_proc", shell, private_redis.url, "jobpulse", "late", str(TTL),
-        stdin=True,
-    )  # fmt: skip
+    proc = _spawn(shell, private_redis)
     try:
         await _freeze_until_stale(proc, reader)
         sweeper = Sweeper(direct)

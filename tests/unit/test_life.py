@@ -10,7 +10,16 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from jobpulse import JobBusy, JobCancelled, LeaseLost, LeaseLostCause, StateNotWritten
 from jobpulse._protocol.calls import AcquireCode, AcquireReply, FinishCode
-from jobpulse._worker.life import Command, Commands, Send, Sleep, Steps, acquire_steps, final_steps
+from jobpulse._worker.life import (
+    Command,
+    Commands,
+    Send,
+    Sleep,
+    Stepper,
+    Steps,
+    acquire_steps,
+    final_steps,
+)
 from jobpulse._worker.machine import BeatMachine
 from jobpulse._worker.retry import ACQUIRE_RETRY, FINAL_RETRY, retry_after
 
@@ -32,23 +41,18 @@ def drive(steps: Steps[Any], answer: Any, clock: Clock) -> tuple[Any, list[Any]]
     """Run ``steps``; ``answer(step)`` returns a reply or an exception to throw. A Sleep moves
     ``clock``. Returns (the result, the steps seen)."""
     seen: list[Any] = []
-    reply: Any = None
-    error: BaseException | None = None
-    while True:
-        try:
-            step = steps.send(reply) if error is None else steps.throw(error)
-        except StopIteration as stop:
-            return stop.value, seen
+    run = Stepper(steps)
+    while (step := run.next()) is not None:
         seen.append(step)
-        reply, error = None, None
         if isinstance(step, Sleep):
             clock.now += step.seconds
             continue
         result = answer(step)
         if isinstance(result, BaseException):
-            error = result
+            run.fail(result)
         else:
-            reply = result
+            run.reply(result)
+    return run.result, seen
 
 
 def fresh() -> BeatMachine[str]:

@@ -35,6 +35,7 @@ __all__ = [
     "Send",
     "Sleep",
     "Step",
+    "Stepper",
     "Steps",
     "Warn",
     "acquire_steps",
@@ -80,6 +81,34 @@ class Sleep:
 
 Step = Send[Any] | Command | Commands | Sleep
 Steps = Generator[Step, Any, R]
+
+
+class Stepper(Generic[R]):
+    """Walks a sequence for a driver: ``while (step := s.next()) is not None:`` do the step,
+    then :meth:`reply` its reply or :meth:`fail` with its exception; :attr:`result` at the
+    end. A driver thus holds no logic of its own but how to do each kind of step."""
+
+    def __init__(self, steps: Steps[R]) -> None:
+        self._steps = steps
+        self._reply: Any = None
+        self._error: BaseException | None = None
+        self.result: R
+
+    def next(self) -> Step | None:
+        reply, error = self._reply, self._error
+        self._reply, self._error = None, None
+        try:
+            return self._steps.send(reply) if error is None else self._steps.throw(error)
+        except StopIteration as stop:
+            self.result = stop.value
+            return None
+
+    def reply(self, value: Any) -> None:
+        self._reply = value
+
+    def fail(self, exc: BaseException) -> None:
+        self._error = exc
+
 
 _MIN_STEP = 0.01  # a final write try is given at least this long (its deadline may have passed)
 

@@ -33,7 +33,15 @@ from .options import HeartbeatSpec
 from .retry import retry_after
 from .sampling import ProcessSample, RateWindow
 
-__all__ = ["BeatMachine", "ExitVerdict", "Expiry", "FinalPlan", "ReplyVerdict", "error_text"]
+__all__ = [
+    "BeatMachine",
+    "Ending",
+    "ExitVerdict",
+    "Expiry",
+    "FinalPlan",
+    "ReplyVerdict",
+    "error_text",
+]
 
 H = TypeVar("H")
 
@@ -89,6 +97,35 @@ class ExitVerdict:
 
     error: BaseException | None
     note: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """The end of a job (:meth:`BeatMachine.ending`): ``plan``, then :meth:`leave`."""
+
+    machine: BeatMachine[Any]
+    plan: FinalPlan
+    crash: BaseException | None
+    exc: BaseException | None
+    interrupted: bool
+    external_cancel: bool
+
+    def leave(self, written: bool | None) -> None:
+        """Raise what leaving the block must raise after the final write (``written``: its
+        outcome, None when nothing was to be written); else return, and the body's own
+        exception, if any, propagates unchanged (with a note when its end was not written)."""
+        verdict = self.machine.exit_verdict(
+            crash=self.crash,
+            exc=self.exc,
+            interrupted=self.interrupted,
+            external_cancel=self.external_cancel,
+            status=self.plan.status,
+            written=written,
+        )
+        if verdict.note is not None and self.exc is not None:
+            self.exc.add_note(verdict.note)
+        if verdict.error is not None:
+            raise verdict.error
 
 
 @dataclass(frozen=True, slots=True)
@@ -477,6 +514,21 @@ class BeatMachine(Generic[H]):
             exc=None if interrupted else exc,
             cancelled=external_cancel or isinstance(exc, JobCancelled),
         )
+
+    def ending(
+        self,
+        *,
+        crash: BaseException | None,
+        exc: BaseException | None,
+        interrupted: bool,
+        external_cancel: bool,
+    ) -> Ending:
+        """How the job ends (arguments as for :meth:`end_plan`): its ``plan`` says what the
+        shell writes; ``leave(written)`` then raises what the block must raise."""
+        plan = self.end_plan(
+            crash=crash, exc=exc, interrupted=interrupted, external_cancel=external_cancel
+        )
+        return Ending(self, plan, crash, exc, interrupted, external_cancel)
 
     def exit_verdict(
         self,

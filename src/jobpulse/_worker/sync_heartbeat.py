@@ -16,23 +16,17 @@ from __future__ import annotations
 import concurrent.futures
 import logging
 import time
-from contextvars import Token
 from types import TracebackType
-from typing import Any, TypeVar, Unpack, cast
+from typing import Any, TypeVar, Unpack
 
 from .._protocol import calls
-from .._protocol.calls import BeatReply
 from .._protocol.clients import SyncClient
-from .._protocol.ratelimit import RateLimitedLog
-from ..errors import JobCancelled, LeaseLost, LeaseLostCause
+from ..errors import JobCancelled
 from .current import enter_current, leave_current
-from .heartbeat import HeartbeatStatistics
-from .life import Command, Send, Sleep, Steps, acquire_steps, final_steps
-from .machine import BeatMachine
+from .life import Command, Send, Sleep, Stepper, Steps, acquire_steps, final_steps
 from .options import HeartbeatOptions, HeartbeatSpec
 from .progress import ProgressCell
-from .sampling import ProcessSample
-from .stats import WORKER_STATS, notify
+from .shell import Shell
 from .thread_ticker import ThreadTicker
 
 __all__ = ["SyncHeartbeat", "heartbeat"]
@@ -43,7 +37,7 @@ R = TypeVar("R")
 _Handle = concurrent.futures.Future[None]
 
 
-class SyncHeartbeat:
+class SyncHeartbeat(Shell["_Handle"]):
     """The running job, as seen by a sync worker. Create it with :func:`jobpulse.sync.heartbeat`.
 
     Attributes:
@@ -53,41 +47,12 @@ class SyncHeartbeat:
     """
 
     def __init__(self, redis: SyncClient, job_id: str, spec: HeartbeatSpec) -> None:
-        """Private: use the factory, which prepares ``spec`` from its keyword options."""
-        self._m: BeatMachine[_Handle] = BeatMachine(job_id, spec)
-        self.job_id = self._m.job_id
-        self.kind = self._m.kind
-        self._redis: Any = redis
-        self._clock = clock = spec.clock
-        self._warn = RateLimitedLog(log, clock)
-        self.progress: ProgressCell
+        """Private: use :func:`heartbeat`, which prepares ``spec`` from its keyword options."""
+        super().__init__(redis, job_id, spec)
         self._ticker: ThreadTicker | None = None
         self._entered = False
-        self._in_body = False
-        self._ended = False
-        self._crash: BaseException | None = None
-        self._current: Token[Any] | None = None
 
     # -- public API --------------------------------------------------------------------------
-
-    @property
-    def fence(self) -> int:
-        """The fencing number of this attempt."""
-        return self._m.fence
-
-    @property
-    def attempt(self) -> int:
-        """1 for a first run, n + 1 for a run that took over a STALE or LOST job."""
-        return self._m.attempt
-
-    @property
-    def resume_from(self) -> Any:
-        """The last checkpoint details of the previous attempt (STALE or LOST), else None."""
-        return self._m.resume_from
-
-    @property
-    def stage(self) -> str:
-        return self._m.stage
 
     @property
     def lease_held(self) -> bool:
@@ -117,17 +82,6 @@ class SyncHeartbeat:
         if self.cancelled:
             raise JobCancelled(f"job {self.job_id!r} must stop")
 
-    def set_stage(self, name: str) -> None:
-        """Name the current stage; the next beat records it (a ``stage`` stream entry).
-
-        Raises:
-            ValueError: ``name`` is empty, longer than 200 characters, or not printable.
-        """
-        with self._lock():
-            changed = self._m.set_stage(name)
-        if changed:
-            notify("stage", self.job_id, self.kind, {"stage": name})
-
     def checkpoint(self, timeout: float | None = None, **details: Any) -> bool:
         """Send a beat now that records ``details`` (JSON) as a ``checkpoint`` stream entry.
 
@@ -142,11 +96,7 @@ class SyncHeartbeat:
             ValueError: the details are larger than ``max_details_bytes``.
             LeaseLost: the lease was lost before the checkpoint was written.
         """
-        text = self._m.checkpoint_text(details)
-        self._raise_if_lost()
-        if not self._in_body:
-            raise RuntimeError("checkpoint() is only allowed inside `with heartbeat(...)`")
-        notify("checkpoint", self.job_id, self.kind, details)
+        text = self._checkpoint_text(details)
         handle: _Handle = concurrent.futures.Future()
         with self._lock():
             self._m.add_checkpoint(text, handle, self._clock())
@@ -156,13 +106,6 @@ class SyncHeartbeat:
         except TimeoutError:
             return False
         return True
-
-    def statistics(self) -> HeartbeatStatistics:
-        """This heartbeat's counters."""
-        return HeartbeatStatistics.of(self._m)
-
-    def __repr__(self) -> str:
-        return self._m.describe("SyncHeartbeat")
 
     # -- enter and exit ------------------------------------------------------------------------
 
@@ -185,28 +128,23 @@ class SyncHeartbeat:
     def _drive(self, steps: Steps[R]) -> R:
         """Run a sequence of :mod:`~jobpulse._worker.life` on this shell's client: the blocking
         driver (a call is bounded by the client's ``socket_timeout``, see ``docs/sync.md``)."""
-        reply: Any = None
-        error: BaseException | None = None
-        while True:
-            try:
-                step = steps.send(reply) if error is None else steps.throw(error)
-            except StopIteration as stop:
-                return cast(R, stop.value)
-            reply, error = None, None
+        run = Stepper(steps)
+        while (step := run.next()) is not None:
             try:
                 if isinstance(step, Sleep):
                     time.sleep(step.seconds)
                 elif isinstance(step, Send):
-                    reply = calls.run_sync(self._redis, step.call)
+                    run.reply(calls.run_sync(self._redis, step.call))
                 elif isinstance(step, Command):
-                    reply = self._redis.execute_command(*step.args)
+                    run.reply(self._redis.execute_command(*step.args))
                 else:
                     pipe = self._redis.pipeline(transaction=False)
                     for command in step.commands:
                         pipe.execute_command(*command)
-                    reply = pipe.execute(raise_on_error=False)
+                    run.reply(pipe.execute(raise_on_error=False))
             except Exception as exc:
-                error = exc
+                run.fail(exc)
+        return run.result
 
     def __exit__(
         self,
@@ -234,103 +172,24 @@ class SyncHeartbeat:
     def _finish(self, exc: BaseException | None) -> None:
         """Write the final state; raise what the ``with`` must raise (else the body's own
         exception, if any, propagates unchanged). A sync body is never interrupted by us."""
-        m = self._m
         with self._lock():
-            plan = m.end_plan(crash=self._crash, exc=exc, interrupted=False, external_cancel=False)
+            end = self._m.ending(
+                crash=self._crash, exc=exc, interrupted=False, external_cancel=False
+            )
         written: bool | None = None
-        if plan.write:
-            steps = final_steps(m, plan, self._clock, self._warn.warning, self._reading)
+        if end.plan.write:
+            steps = final_steps(self._m, end.plan, self._clock, self._warn.warning, self._reading)
             written = self._drive(steps)
-        verdict = m.exit_verdict(
-            crash=self._crash,
-            exc=exc,
-            interrupted=False,
-            external_cancel=False,
-            status=plan.status,
-            written=written,
-        )
-        if verdict.note is not None and exc is not None:
-            exc.add_note(verdict.note)
-        if verdict.error is not None:
-            raise verdict.error
+        end.leave(written)
 
-    def _reading(self) -> tuple[ProcessSample | None, int, int | None]:
-        cell = self.progress
-        return (self._ticker.sample() if self._ticker else None), cell.done, cell.total
+    # -- what this shell adds to the shared one (called under the ticker's lock) ---------------
 
     def _lock(self) -> Any:
         assert self._ticker is not None
         return self._ticker.lock
 
-    def _plan(self) -> None:
-        if self._ticker is not None and not self._ended:
-            self._ticker.schedule(self)
-
-    def _raise_if_lost(self) -> None:
-        if self._m.lease.lost is not None:
-            raise LeaseLost(self.job_id, self._m.lease.lost)
-
-    # -- the beat thread's interface (under the ticker's lock, no I/O) -------------------------
-
-    @property
-    def machine(self) -> BeatMachine[_Handle]:
-        return self._m
-
-    def beat(self, now: float, lag: float, sample: ProcessSample) -> list[Any]:
-        return self._m.next_beat(now, lag, sample, self.progress.done, self.progress.total)
-
-    def beat_replied(self, sent_at: float, reply: BeatReply) -> None:
-        verdict = self._m.replied(sent_at, reply, ended=self._ended)
-        if verdict.late:
-            WORKER_STATS.beats_late += 1
-        if verdict.resolved is not None:
-            _settle(verdict.resolved, None)
-        error = LeaseLost(self.job_id, self._m.lease.lost or LeaseLostCause.FENCED_OUT)
-        for handle in verdict.failed:
-            _settle(handle, error)
-        if verdict.lost is not None:
-            self._on_lost(verdict.lost)
-        if verdict.cancel:
-            self.progress._cancel()
-        self._plan()
-
-    def beat_failed(
-        self, sent_at: float, exc: BaseException, *, quiet: bool, at_once: bool
-    ) -> None:
-        if not self._ended:
-            WORKER_STATS.beat_failures += 1
-        cause = self._m.beat_failed(sent_at, at_once=at_once, ended=self._ended)
-        if cause is not None:
-            self.lease_expired(cause)
-            return
-        self._plan()
-        if not quiet and not self._ended:
-            self._warn.warning("job %s: beat failed, retrying: %r", self.job_id, exc)
-
-    def crashed(self, exc: BaseException) -> None:
-        if self._crash is None:
-            self._crash = exc
-            self.progress._cancel()
-
-    def lease_expired(self, cause: LeaseLostCause) -> None:
-        error = LeaseLost(self.job_id, cause)
-        for handle in self._m.drain_checkpoints():
-            _settle(handle, error)
-        self._on_lost(cause)
-
-    def _on_lost(self, cause: LeaseLostCause) -> None:
-        WORKER_STATS.lost(cause.name.lower())
-        log.warning("job %s: lease lost (%s); the body must stop", self.job_id, self._m.lease)
-        self.progress._cancel()
-
-
-def _settle(handle: _Handle, error: BaseException | None) -> None:
-    if handle.done():
-        return
-    if error is None:
-        handle.set_result(None)
-    else:
-        handle.set_exception(error)
+    def _interrupt(self) -> None:
+        self.progress._cancel()  # a sync body cannot be interrupted: it asks check()
 
 
 def heartbeat(redis: SyncClient, job_id: str, **options: Unpack[HeartbeatOptions]) -> SyncHeartbeat:
