@@ -221,10 +221,11 @@ class SyncStatusReader:
                             yield event
                             if event.terminal:
                                 return
+                    # A read stamped by the host's clock (the server refuses TIME) gives no id
+                    server_ms = status.server_ms if self._time.command() is not None else None
                     yield synthetic_event(
-                        "stale", "STALE", cursor=cursor, server_ms=status.server_ms,
-                        wall=time.time(),
-                    )  # fmt: skip
+                        "stale", "STALE", cursor=cursor, server_ms=server_ms, wall=time.time()
+                    )
                     return
                 if not status.state.is_settled and status.state is not JobState.UNKNOWN:
                     continue
