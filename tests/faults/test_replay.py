@@ -215,7 +215,8 @@ async def test_a_beat_that_finds_the_data_lost_and_whose_reply_was_lost_still_re
         state = await direct.hgetall(keys.state)
         assert state[b"status"] == b"RUNNING"
         assert (state[b"kind"], state[b"meta"], state[b"attempt"]) == (b"etl", b'{"k":1}', b"1")
-        assert b"worker" in state and b"started_ms" in state
+        assert b"worker" in state
+        assert b"started_ms" in state
         assert state[b"checkpoint"] == b'{"row":20}'
         assert await direct.zscore(index, "lossy") is not None
     assert await _kinds(direct, keys.events) == [b"checkpoint", b"end"]  # row 20 once

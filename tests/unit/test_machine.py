@@ -337,7 +337,8 @@ def test_a_checkpoint_beat_answered_3_is_resent_and_resolved_by_the_resend() -> 
     m.add_checkpoint('{"row":5}', "h", 101.0)
     m.next_beat(101.0, 0.0, SAMPLE, 0, None)
     lost = m.replied(101.0, BeatReply(BeatCode.RESEND_STATIC, False, 5000, 0), ended=False)
-    assert lost.resolved is None and lost.failed == []
+    assert lost.resolved is None
+    assert lost.failed == []
     assert m.due == 101.0
     _, _, event, pairs = parse(m.next_beat(101.0, 0.0, SAMPLE, 0, None))
     assert event == ("checkpoint", '{"row":5}', 1000)
