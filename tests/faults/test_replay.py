@@ -222,6 +222,38 @@ async def test_a_beat_that_finds_the_data_lost_and_whose_reply_was_lost_still_re
     assert await _kinds(direct, keys.events) == [b"checkpoint", b"end"]  # row 20 once
 
 
+def test_a_sync_beat_that_finds_the_data_lost_and_whose_reply_was_lost_still_repairs(
+    ns: str,
+) -> None:
+    """The thread shell: the connection's retry replays the packed write whose beat found the
+    job's keys gone; the replay answers "resend everything" as the first run did."""
+    with RedisServer() as server, FaultProxy(server.port) as proxy:
+        client = redis.Redis(host="127.0.0.1", port=proxy.port)
+        direct = redis.Redis.from_url(server.url)
+        try:
+            direct.script_load(SCRIPTS.beat.text)  # a NOSCRIPT reply would be the one dropped
+            schema = KeySchema(ns)
+            keys = schema.job("lossy")
+            with jobpulse.sync.heartbeat(
+                client, "lossy", namespace=ns, interval=30, ttl=60, kind="etl"
+            ) as hb:
+                assert hb.checkpoint(row=10)
+                direct.delete(*keys.all())
+                direct.zrem(schema.index_for("lossy"), "lossy")
+                lost_beat = proxy.drop_reply_once(SCRIPTS.beat.sha.encode())
+                assert hb.checkpoint(row=20)
+                assert lost_beat.is_set()
+                state = direct.hgetall(keys.state)
+                assert (state[b"kind"], state[b"attempt"]) == (b"etl", b"1")
+                assert state[b"checkpoint"] == b'{"row":20}'
+                assert direct.zscore(schema.index_for("lossy"), "lossy") is not None
+            kinds = [e[1][b"kind"] for e in direct.xrange(keys.events)]
+            assert [k for k in kinds if k != b"beat"] == [b"checkpoint", b"end"]
+        finally:
+            client.close()
+            direct.close()
+
+
 async def test_a_final_write_retried_after_a_new_attempt_started_reports_it_written(
     replayed: Replayed, ns: str
 ) -> None:
