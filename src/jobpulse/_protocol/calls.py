@@ -157,7 +157,7 @@ def beat_segment(
     fence: int,
     ttl_ms: int,
     seq: int,
-    landed: int = 0,
+    landed: int | None = None,
     fields: dict[str, Any],
     event: tuple[str, str, int] | None = None,
     pairs: Sequence[Any] = (),
@@ -168,12 +168,15 @@ def beat_segment(
     write (names of :data:`BEAT_FIELDS`; with ``event``, done, total and stage are expected);
     ``event``: ``(kind, details, maxlen)`` of a stream entry; ``pairs``: static field, value
     pairs; ``landed``: the highest seq known to be in the snapshot (a snapshot behind it answers
-    :attr:`BeatCode.RESEND_STATIC`), 0 for a beat that carries every field (no check)."""
+    :attr:`BeatCode.RESEND_STATIC`, writing nothing of the beat), by default ``seq - 1`` (the
+    beat before this one landed); 0 for a beat that carries every field (no check)."""
     unknown = set(fields) - set(BEAT_FIELDS)
     if unknown:
         raise ValueError(f"unknown beat field(s): {', '.join(sorted(unknown))}")
     present = [i for i, name in enumerate(BEAT_FIELDS) if name in fields]
     names = "".join(BEAT_DIGITS[i] for i in present) + ("+" if event else "")
+    if landed is None:
+        landed = seq - 1
     segment: list[Any] = [0, token, fence, ttl_ms, seq, landed, names]
     segment += [fields[BEAT_FIELDS[i]] for i in present]
     if event:
