@@ -17,7 +17,7 @@ from jobpulse._protocol.scripts import SCRIPTS, evalsha
 from jobpulse._provision import LocalCluster
 from jobpulse.http.app import etag_of
 
-from ..support import eventually, spawn_worker, stop, url_of
+from ..support import eventually, spawn_ready, spawn_worker, stop, url_of
 
 AnyRedis = aioredis.Redis | RedisCluster
 
@@ -398,6 +398,33 @@ async def test_a_snapshot_rolled_back_under_a_live_worker_is_repaired(
         b"checkpoint",
         b"end",
     ]
+
+
+async def test_a_worker_that_dies_after_a_rollback_is_resumed_from_its_latest_checkpoint(
+    client: AnyRedis, ns: str
+) -> None:
+    """The consequence of issue 24 item 2 with a real worker process: its snapshot rolled back
+    to an older checkpoint, the worker repairs it, then is SIGKILLed. The sweeper's StaleJob
+    and the next attempt's ``resume_from`` carry the checkpoint the worker saw written."""
+    keys = KeySchema(ns).job("resumed")
+    proc = spawn_ready(
+        "tests.integration.checkpoint_proc", url_of(client), ns, "resumed", "1.0", stdin=True
+    )
+    try:
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        older = await client.dump(keys.state)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert await asyncio.to_thread(proc.stdout.readline) == "checkpointed\n"
+        await client.restore(keys.state, 0, older, replace=True)
+        await eventually(lambda: _holds(client, keys.state, "checkpoint", b'{"row":500}'))
+    finally:
+        stop(proc)
+    job = await _claim(Sweeper(client, namespace=ns))
+    assert (job.job_id, job.checkpoint) == ("resumed", {"row": 500})
+    async with heartbeat(client, "resumed", namespace=ns, interval=0.2, ttl=2) as hb:
+        assert (hb.attempt, hb.resume_from) == (2, {"row": 500})
 
 
 async def _holds(client: AnyRedis, key: str, field: str, value: bytes) -> bool:
