@@ -75,7 +75,7 @@ class BeatCode(enum.IntEnum):
     SEQ_BEHIND = 0  # lease renewed, the snapshot holds a newer seq: nothing else written
     WRITTEN = 1
     RETAKEN = 2  # written, the lease was re-taken after it expired
-    RESEND_STATIC = 3  # written into an empty snapshot (data loss): resend the static fields
+    RESEND_STATIC = 3  # the snapshot lost writes that landed: nothing written, resend every field
     TAKEN_OVER = -1  # another token holds the lease
     FENCED_OUT = -2  # the fence moved on
 
@@ -156,6 +156,7 @@ BEAT_DIGITS = "12345678"
 def encode_beat(
     head: Sequence[Any],
     seq: int,
+    landed: int,
     present: Sequence[int],
     values: Sequence[Any],
     event: tuple[str, str, int] | None = None,
@@ -163,12 +164,14 @@ def encode_beat(
 ) -> list[Any]:
     """One job's segment of a ``beat.lua`` call, its length first: THE beat encoder (the
     tickers' machines, :func:`beat_segment`, tests and benchmarks all build beats with it).
-    ``head``: token, fence, ``ttl_ms`` (the machines pass them pre-encoded); ``present``: the
+    ``head``: token, fence, ``ttl_ms`` (the machines pass them pre-encoded); ``landed``: the
+    highest seq known to be in the snapshot (a snapshot behind it answers
+    :attr:`BeatCode.RESEND_STATIC`, writing nothing of the beat; 0: no check); ``present``: the
     indexes in :data:`BEAT_FIELDS` of the fields sent, ascending, and ``values`` theirs;
     ``event``: ``(kind, details, maxlen)`` of a stream entry; ``pairs``: field, value pairs
     written as they are (static fields, the checkpoint)."""
     names = "".join([BEAT_DIGITS[i] for i in present])
-    segment: list[Any] = [0, *head, seq, names + "+" if event else names, *values]
+    segment: list[Any] = [0, *head, seq, landed, names + "+" if event else names, *values]
     if event:
         segment += event
     segment += pairs
@@ -182,19 +185,22 @@ def beat_segment(
     fence: int,
     ttl_ms: int,
     seq: int,
+    landed: int | None = None,
     fields: dict[str, Any],
     event: tuple[str, str, int] | None = None,
     pairs: Sequence[Any] = (),
 ) -> list[Any]:
     """:func:`encode_beat` by field names, for tests, tools and benchmarks. ``fields``: the
     dynamic fields to write (names of :data:`BEAT_FIELDS`; with ``event``, done, total and
-    stage are expected)."""
+    stage are expected); ``landed``: by default ``seq - 1`` (the beat before this one landed);
+    0 for a beat that carries every field (no check)."""
     unknown = set(fields) - set(BEAT_FIELDS)
     if unknown:
         raise ValueError(f"unknown beat field(s): {', '.join(sorted(unknown))}")
     present = [i for i, name in enumerate(BEAT_FIELDS) if name in fields]
     values = [fields[BEAT_FIELDS[i]] for i in present]
-    return encode_beat((token, fence, ttl_ms), seq, present, values, event, pairs)
+    landed = seq - 1 if landed is None else landed
+    return encode_beat((token, fence, ttl_ms), seq, landed, present, values, event, pairs)
 
 
 def beat_command(beats: Sequence[tuple[Sequence[Any], Sequence[Any]]]) -> list[Any]:
