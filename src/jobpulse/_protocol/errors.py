@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
+from typing import Literal
 
 from redis.exceptions import (
     AskError,
@@ -40,8 +41,12 @@ from redis.exceptions import (
     TryAgainError,
 )
 
+from ..errors import ProtocolError
+
 __all__ = [
+    "Failure",
     "error_code",
+    "failure_of",
     "is_no_such_key",
     "is_noscript",
     "is_redirect",
@@ -214,6 +219,22 @@ def _closed_under_us(exc: BaseException) -> bool:
         last, tb = tb, tb.tb_next
     module = "" if last is None else str(last.tb_frame.f_globals.get("__name__", ""))
     return module in ("redis.asyncio.connection", "redis.connection")
+
+
+Failure = Literal["corrupt", "unavailable"]
+"""What a failed read means to whoever asked (an HTTP client, a CLI user)."""
+
+
+def failure_of(exc: BaseException) -> Failure | None:
+    """The one map of a failed read to what the adapters tell their users (the HTTP app's
+    502 / 503, the CLI's exit codes): ``"corrupt"`` when the keys hold what jobpulse cannot
+    read (:class:`~jobpulse.ProtocolError`), ``"unavailable"`` for a Redis fault
+    (:func:`is_redis_fault`), None for anything else (a bug: the caller re-raises it)."""
+    if isinstance(exc, ProtocolError):
+        return "corrupt"
+    if is_redis_fault(exc):
+        return "unavailable"
+    return None
 
 
 @contextmanager

@@ -27,7 +27,7 @@ from .routing import WatchHub
 from .status import ALL_FIELDS, JobState, JobStatus, check_fields, wanted
 from .watch import HubStatistics, Watch
 
-__all__ = ["ReaderConfig", "ReaderStatistics", "StatusReader"]
+__all__ = ["ReaderConfig", "ReaderStatistics", "StatusReader", "client_of"]
 
 log = logging.getLogger("jobpulse")
 
@@ -420,6 +420,12 @@ class StatusReader:
         tb: TracebackType | None,
     ) -> None:
         await self.aclose()
+
+
+def client_of(reader: StatusReader) -> Any:
+    """The Redis client ``reader`` reads through, for the adapters that write through it too
+    (the HTTP app's cancel route, its ``/metrics`` census); not public."""
+    return reader._redis
 
 
 def _with_ages(status: JobStatus, age: float) -> JobStatus:

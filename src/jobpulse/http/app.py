@@ -34,7 +34,6 @@ from starlette.routing import Route
 
 from .._checks import check_number
 from .._protocol.codec import parse_stream_id
-from .._protocol.errors import is_redis_fault
 from .._protocol.keys import check_job_id
 from .._reader.event import Event
 from .._reader.reader import StatusReader
@@ -42,6 +41,12 @@ from .._reader.status import JobState, JobStatus
 from ..errors import InvalidJobId, ProtocolError
 from . import operate
 from .longpoll import Crowded, LongPollHub, parse_wait, until_disconnect
+from .responses import error as _error
+from .responses import failure as _failure
+from .responses import fault_message
+from .responses import http_error as _http_error
+from .responses import internal_error as _internal_error
+from .responses import json as _json
 from .retry import RETRY_MIN, cache_control, retry_after
 from .sse import EventStream, encode_event
 
@@ -172,39 +177,6 @@ def create_app(
 # -- responses -------------------------------------------------------------------------------
 
 
-def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(
-        orjson.dumps(body), status_code=status, headers=headers, media_type="application/json"
-    )
-
-
-def _error(status: int, message: str) -> Response:
-    """A short JSON error: never a stack trace, never what Redis said."""
-    return _json({"error": message}, status, {"cache-control": "no-store"})
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    if not isinstance(exc, HTTPException):  # pragma: no cover - Starlette routes by type
-        return await _internal_error(request, exc)
-    return _error(exc.status_code, str(exc.detail).lower())
-
-
-async def _internal_error(request: Request, exc: Exception) -> Response:
-    log.error("jobpulse http: %s %s failed", request.method, request.url.path, exc_info=exc)
-    return _error(500, "internal error")
-
-
-def _failure(exc: Exception) -> Response:
-    """The response for a failed read of Redis (or a bug, re-raised to the 500 handler)."""
-    if isinstance(exc, ProtocolError):
-        log.warning("jobpulse http: corrupt job data: %s", exc)
-        return _error(502, "job data is corrupt")
-    if is_redis_fault(exc):
-        log.warning("jobpulse http: redis unavailable: %r", exc)
-        return _error(503, "status store unavailable")
-    raise exc
-
-
 def etag_of(status: JobStatus) -> str:
     """A weak ETag naming the snapshot version: fence, seq, the state (STALE has the same seq
     as the RUNNING it was) and ``.cancel`` while a cancel request waits (``cancel.lua`` sets a
@@ -286,7 +258,7 @@ class _Service:
 
     # -- helpers --
 
-    async def _allowed(self, request: Request, job_id: str) -> bool:
+    async def allowed(self, request: Request, job_id: str) -> bool:
         if self.authorize is None:
             return True
         verdict = self.authorize(request, job_id)
@@ -313,11 +285,13 @@ class _Service:
 
     async def metrics(self, request: Request) -> Response:
         """``GET /metrics`` (see ``operate.py``)."""
-        return await operate.metrics(self, request)
+        return await operate.metrics(
+            request, self.allowed, self.reader, index_shards=self.config.index_shards
+        )
 
     async def cancel(self, request: Request) -> Response:
         """``POST /jobs/{job_id}/cancel`` (see ``operate.py``)."""
-        return await operate.cancel(self, request)
+        return await operate.cancel(request, self.allowed, self.reader)
 
     async def dashboard(self, request: Request) -> Response:
         return Response(self.files["dashboard.html"], media_type=_MEDIA["html"])
@@ -348,7 +322,7 @@ class _Service:
         timeout = None if wait is None else parse_wait(wait, self.config.max_wait)
         if wait is not None and timeout is None:
             return _error(400, "invalid wait: seconds, a number >= 0")
-        if not await self._allowed(request, job_id):
+        if not await self.allowed(request, job_id):
             return _error(403, "forbidden")
         try:
             status = await self.reader.get(job_id)
@@ -408,7 +382,7 @@ class _Service:
                 parse_stream_id(last)
             except (ValueError, TypeError):
                 return _error(400, "invalid last event id")
-        if not await self._allowed(request, job_id):
+        if not await self.allowed(request, job_id):
             return _error(403, "forbidden")
         try:
             status = await self.reader.get(job_id)
@@ -437,13 +411,7 @@ class _Service:
             async for event in watch:
                 yield self.frames.frame(job_id, event)
         except Exception as exc:
-            if isinstance(exc, ProtocolError):
-                message = "job data is corrupt"
-            elif is_redis_fault(exc):
-                message = "status store unavailable"
-            else:
-                log.error("jobpulse http: event stream of %s failed", job_id, exc_info=exc)
-                message = "internal error"
+            message = fault_message(exc, f"event stream of {job_id}")
             yield encode_event(orjson.dumps({"error": message}).decode(), event="fault")
         finally:
             await watch.aclose()
@@ -458,7 +426,7 @@ class _Service:
             return _failure(exc)
         allowed = []
         for job_id in ids:
-            if await self._allowed(request, job_id):
+            if await self.allowed(request, job_id):
                 allowed.append(job_id)
         results = await asyncio.gather(
             *(self.reader.get(job_id) for job_id in allowed), return_exceptions=True
