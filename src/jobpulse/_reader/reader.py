@@ -23,9 +23,10 @@ from ..errors import InvalidJobId, ProtocolError
 from .backoff import Backoff
 from .cache import CacheStatistics, SnapshotCache
 from .fetch import Read, ReadClock, ReadRequest, exchange, fast_client, merge
+from .hubtypes import HubStatistics
 from .routing import WatchHub
 from .status import ALL_FIELDS, JobState, JobStatus, check_fields, wanted
-from .watch import HubStatistics, Watch
+from .watch import Watch
 
 __all__ = ["ReaderConfig", "ReaderStatistics", "StatusReader", "client_of"]
 

@@ -45,7 +45,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -55,111 +55,17 @@ from .._protocol.codec import TERMINAL_EVENT_KINDS, parse_stream_id, to_text
 from .._protocol.errors import is_wrongtype
 from ..errors import ProtocolError
 from .event import Event, decode_event
+from .hubtypes import EntryKey, Item, Watcher
 
 if TYPE_CHECKING:
     from .routing import WatchHub
-    from .xread import XReadLoop
 
-__all__ = ["HubStatistics", "Watch"]
+__all__ = ["Watch"]
 
 log = logging.getLogger("jobpulse")
 
 _PAGE = 500
 """Entries per XRANGE page when reading history."""
-
-_Item = Event | BaseException
-"""What a watcher's queue holds: an event, or an error to raise."""
-
-_Key = tuple[int, int] | None
-"""An event's parsed stream id, parsed once by the hub for all the watchers of a stream
-(None for an error or a synthetic event)."""
-
-
-@dataclass(frozen=True, slots=True)
-class HubStatistics:
-    """Counters of one watch hub.
-
-    Attributes:
-        streams: streams followed now.
-        watchers: watchers attached now.
-        xreads: XREAD calls sent.
-        unblocks: CLIENT UNBLOCK calls sent.
-        liveness_checks: liveness pipelines sent.
-        overflows: watchers dropped because their queue was full (they resync by id).
-        loops: XREAD loops (dedicated connections): 1 on a single Redis, one per master
-            followed on a cluster.
-        reroutes: MOVED, ASK, TRYAGAIN or CLUSTERDOWN replies that made a loop re-resolve.
-    """
-
-    streams: int
-    watchers: int
-    xreads: int
-    unblocks: int
-    liveness_checks: int
-    overflows: int
-    loops: int = 1
-    reroutes: int = 0
-
-
-class _Watcher:
-    """The hub's side of one watcher: its bounded queue and where it is attached.
-
-    The queue is a plain deque with at most one waiting future: the hub appends without any
-    await and wakes the watcher only when it waits (with 1,000 watchers of one job, each entry
-    costs 1,000 appends and as many task wake-ups, nothing more)."""
-
-    __slots__ = ("failure", "items", "overflowed", "size", "stream", "waiter")
-
-    def __init__(self, queue_size: int) -> None:
-        self.items: deque[tuple[_Item, _Key]] = deque()
-        self.size = queue_size
-        self.waiter: asyncio.Future[None] | None = None
-        self.stream: _Stream | None = None
-        self.overflowed = False
-        self.failure: BaseException | None = None
-
-    def offer(self, entry: tuple[_Item, _Key]) -> bool:
-        """Queue ``entry`` (an item and its parsed id; one tuple shared by every watcher of the
-        stream); False (and detached) when the queue is full."""
-        if len(self.items) >= self.size:
-            self.overflowed = True
-            self.stream = None
-            return False
-        self.items.append(entry)
-        waiter = self.waiter
-        if waiter is not None:  # _wake(), inlined: the hub calls this once per watcher
-            self.waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
-        return True
-
-    def fail(self, exc: BaseException) -> None:
-        self.failure = exc
-        self.stream = None
-        self._wake()
-
-    def _wake(self) -> None:
-        waiter = self.waiter
-        if waiter is not None:
-            self.waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
-
-    def wait(self) -> asyncio.Future[None]:
-        """A future done at the next offer or failure."""
-        self.waiter = waiter = asyncio.get_running_loop().create_future()
-        return waiter
-
-
-@dataclass(eq=False, slots=True)
-class _Stream:
-    key: str
-    state_key: str
-    alive_key: str
-    cursor: str
-    watchers: set[_Watcher]
-    slot: int = 0
-    loop: XReadLoop | None = None
 
 
 class Watch:
@@ -187,7 +93,7 @@ class Watch:
         self._redis = redis
         self.job_id = job_id
         self._key = events_key
-        self._watcher = _Watcher(hub.queue_size)
+        self._watcher = Watcher(hub.queue_size)
         self._pending: deque[Event | BaseException] = deque()
         self._started = False
         self._done = False
@@ -260,10 +166,10 @@ class Watch:
         """The consumer was cancelled: leave the hub (a consumer that never comes back must not
         stay attached); a later ``__anext__`` resyncs from the last yielded id, losing nothing."""
         self._hub.detach(self._watcher)
-        self._watcher = _Watcher(self._hub.queue_size)
+        self._watcher = Watcher(self._hub.queue_size)
         self._started = False
 
-    def _accept(self, item: _Item, key: _Key = None) -> Event | None:
+    def _accept(self, item: Item, key: EntryKey = None) -> Event | None:
         if isinstance(item, BaseException):
             self._finish()
             raise item
