@@ -28,6 +28,7 @@ __all__ = [
     "check_fields",
     "decode_snapshot",
     "decode_values",
+    "state_of",
     "version",
     "wanted",
 ]
@@ -235,6 +236,18 @@ def version(job_id: str, raw: RawSnapshot) -> tuple[int, int]:
     return _int(job_id, raw, "fence") or 0, _int(job_id, raw, "seq") or 0
 
 
+def state_of(status: str, alive_pttl: int) -> JobState | None:
+    """The reader's verdict on a job from its snapshot's ``status`` and its liveness key's PTTL
+    (-2 when the key is missing): STALE for RUNNING without the key, else the status's own
+    state; None for a status outside the protocol. Made here only: ``get()`` and every watch's
+    liveness check (``follow.liveness_verdict``) ask this."""
+    if status not in STATUSES:
+        return None
+    if status == "RUNNING" and alive_pttl == -2:
+        return JobState.STALE
+    return JobState(status)
+
+
 def decode_snapshot(job_id: str, raw: RawSnapshot, alive_pttl: int, server_ms: int) -> JobStatus:
     """Build the :class:`JobStatus` of one read.
 
@@ -254,11 +267,9 @@ def decode_snapshot(job_id: str, raw: RawSnapshot, alive_pttl: int, server_ms: i
     status = raw.get("status")
     if status is None:
         return JobStatus(job_id=job_id, state=JobState.UNKNOWN, server_ms=server_ms)
-    if status not in STATUSES:
+    state = state_of(status, alive_pttl)
+    if state is None:
         raise ProtocolError(f"job {job_id!r}: snapshot status {status!r} is not a jobpulse status")
-    state = JobState(status)
-    if state is JobState.RUNNING and alive_pttl == -2:
-        state = JobState.STALE
     ints: dict[str, int | None] = {}
     for name in _INT_FIELDS:
         text = raw.get(name)

@@ -5,7 +5,8 @@ The same reads, decode, cache ordering (never back in time) and verdicts as the 
 (the same bytes, the same decode), and answers go through the same
 :class:`~jobpulse._reader.cache.SnapshotCache` (its ``hit``/``admit``, under a lock: threads
 share the cache, not the reads in flight). ``watch()`` is a plain iterator over the stream
-(``XREAD BLOCK`` on the caller's thread); ``wait()`` follows it, polling ``Backoff`` otherwise.
+(``XREAD BLOCK`` on the caller's thread) under the asyncio watch's follow rules (``follow.py``);
+``wait()`` follows it, polling ``Backoff`` otherwise.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from .backoff import Backoff
 from .cache import SnapshotCache
 from .event import Event, decode_event
 from .fetch import Read, ReadClock, ReadRequest, exchange_sync, fast_client, merge
+from .follow import ends_watch, liveness_commands, liveness_verdict, superseded, synthetic_event
 from .reader import ReaderConfig, _with_ages
 from .status import ALL_FIELDS, JobState, JobStatus, check_fields, wanted
 
@@ -176,7 +178,9 @@ class SyncStatusReader:
     def watch(self, job_id: str, *, last_event_id: str | None = None) -> Iterator[Event]:
         """The job's events: from the stream's start (or right after ``last_event_id``), then
         live ones, ending after the terminal event of the job's last attempt, or with a
-        synthetic ``stale`` event when the worker's liveness key is gone.
+        synthetic ``stale`` event when the worker's liveness key is gone, or a synthetic ``end``
+        when the job ended but its ``end`` entry is gone; the asyncio reader's rules
+        (``follow.py``). A job not started yet is waited for.
 
         Raises:
             InvalidJobId: ``job_id`` is invalid.
@@ -192,38 +196,50 @@ class SyncStatusReader:
         return self._events(job_id, start, limit)
 
     def _events(self, job_id: str, after: str | None, limit: float | None) -> Iterator[Event]:
-        key = self._schema.job(job_id).events
+        # The follow rules (superseded runs, the liveness verdict, the synthetic end) are
+        # follow.py's, the asyncio watch's own; this driver only reads, blocks and yields.
+        keys = self._schema.job(job_id)
         end = None if limit is None else time.monotonic() + limit
-        history = self._redis.xrange(key, "-" if after is None else f"({after}")
-        events = [decode_event(eid, raw) for eid, raw in history]
-        # a terminal entry followed by a later attempt's start does not end the watch
-        last_start = max((i for i, e in enumerate(events) if e.kind == "start"), default=-1)
         cursor = after or "0-0"
-        for i, event in enumerate(events):
+        history = self._range(keys.events, "-" if after is None else f"({after}")
+        old = superseded(history)
+        for event in history:
             cursor = event.id
             yield event
-            if event.terminal and i > last_start:
+            if ends_watch(event, old):
                 return
         block_ms = max(1, int(self.config.watch_block * 1000))
         while True:
             if end is not None and time.monotonic() >= end:
                 return
-            reply = self._redis.xread({key: cursor}, block=block_ms, count=100)
-            if not reply:
-                status = self._get(job_id, None, fresh=True)
-                if status.state is JobState.STALE:
-                    yield Event(id=cursor, kind="stale", status="STALE", synthetic=True)
-                    return
-                if not status.state.is_settled and status.state is not JobState.UNKNOWN:
-                    continue
-                # ended (its end entry was written with the final state) or gone: take what
-                # the stream holds past the cursor, then stop
-                reply = self._redis.xread({key: cursor}, count=100) or []
-                end = time.monotonic()
-            for _stream, entries in reply:
+            reply = self._redis.xread({keys.events: cursor}, block=block_ms, count=100)
+            for _stream, entries in reply or ():
                 for eid, raw in entries:
                     event = decode_event(eid, raw)
                     cursor = event.id
                     yield event
-                    if event.terminal:
+                    if ends_watch(event, ()):
                         return
+            if reply:
+                continue
+            verdict = self._liveness(keys.state, keys.alive)
+            if verdict is None:
+                continue
+            # Entries may be in the stream that no XREAD returned yet: yield them first.
+            for event in self._range(keys.events, f"({cursor}"):
+                cursor = event.id
+                yield event
+                if ends_watch(event, ()):
+                    return
+            yield synthetic_event(verdict, cursor)
+            return
+
+    def _range(self, key: str, start: str) -> list[Event]:
+        return [decode_event(eid, raw) for eid, raw in self._redis.xrange(key, start, "+")]
+
+    def _liveness(self, state_key: str, alive_key: str) -> JobState | None:
+        pipe = self._redis.pipeline(transaction=False)
+        for command in liveness_commands(state_key, alive_key):
+            pipe.execute_command(*command)
+        status, pttl = pipe.execute(raise_on_error=False)
+        return liveness_verdict(status, pttl)

@@ -10,6 +10,9 @@ How a watcher joins without a gap or a duplicate (``Watch._sync``):
      queues everything after C for it;
   3. it yields history, catch-up, then its queue, dropping any id not above the last it yielded.
 
+The follow rules (which attempt's end ends a watch, the liveness verdict, the synthetic end)
+are ``follow.py``'s, shared with the sync reader's watch.
+
 Attempts: a job id's stream holds every attempt (each opens with a ``start`` entry; entries
 carry the attempt's ``fence``). A terminal entry (``end``, ``stale``) that a later ``start``
 follows belongs to an earlier attempt: it is yielded, but the watch goes on, so a watch follows
@@ -55,6 +58,7 @@ from .._protocol.codec import TERMINAL_EVENT_KINDS, parse_stream_id, to_text
 from .._protocol.errors import is_wrongtype
 from ..errors import ProtocolError
 from .event import Event, decode_event
+from .follow import ends_watch, superseded
 from .hubtypes import EntryKey, Item, Watcher
 
 if TYPE_CHECKING:
@@ -181,7 +185,7 @@ class Watch:
             if key <= self._last:
                 return None  # already yielded (history, catch-up and live overlap)
             self._last, self._last_id = key, item.id
-        if item.terminal and item.id not in self._superseded:
+        if ends_watch(item, self._superseded):
             self._finish()
         return item
 
@@ -193,30 +197,16 @@ class Watch:
         """Read the stream after the last yielded id, then (re)attach to the hub."""
         start = "-" if self._last_id is None else f"({self._last_id}"
         history = await self._read(start, "+")
-        self._mark_superseded(history)
+        self._superseded |= superseded(history)
         self._pending.extend(history)
-        if any(
-            not isinstance(e, Event) or (e.terminal and e.id not in self._superseded)
-            for e in history
-        ):
+        if any(not isinstance(e, Event) or ends_watch(e, self._superseded) for e in history):
             return
         last = history[-1].id if history else (self._last_id or "0-0")  # type: ignore[union-attr]
         ahead = self._hub.attach(self._watcher, self.job_id, last)
         if ahead is not None:
             catch_up = await self._read(f"({last}", ahead)
-            self._mark_superseded(catch_up)
+            self._superseded |= superseded(catch_up)
             self._pending.extend(catch_up)
-
-    def _mark_superseded(self, history: list[Event | BaseException]) -> None:
-        """Every terminal entry followed by a ``start`` (a later attempt) in ``history``."""
-        later_start = False
-        for item in reversed(history):
-            if not isinstance(item, Event):
-                continue
-            if item.kind == "start":
-                later_start = True
-            elif item.terminal and later_start:
-                self._superseded.add(item.id)
 
     async def _read(self, start: str, end: str) -> list[Event | BaseException]:
         out: list[Event | BaseException] = []

@@ -22,7 +22,7 @@ from typing import Any, Protocol
 from redis.exceptions import AskError, ClusterDownError, MovedError, ResponseError, TryAgainError
 
 from .._protocol.cluster import pipelined
-from .._protocol.codec import TERMINAL_STATUSES, parse_stream_id, to_text
+from .._protocol.codec import parse_stream_id, to_text
 from .._protocol.errors import (
     error_code,
     is_redis_fault,
@@ -33,6 +33,7 @@ from .._protocol.errors import (
 from ..errors import ProtocolError
 from .backoff import Backoff
 from .event import Event, decode_event
+from .follow import liveness_commands, liveness_verdict, synthetic_event
 from .hubtypes import Stream
 
 __all__ = ["LoopOwner", "XReadLoop"]
@@ -350,21 +351,11 @@ class XReadLoop:
         self.checks += 1
         commands: list[tuple[str, ...]] = []
         for s in streams:
-            commands += [("HGET", s.state_key, "status"), ("PTTL", s.alive_key)]
+            commands += liveness_commands(s.state_key, s.alive_key)
         replies = await pipelined(self._redis, commands)
         for i, stream in enumerate(streams):
-            status, pttl = replies[2 * i], replies[2 * i + 1]
-            if isinstance(status, Exception) or isinstance(pttl, Exception):
-                continue
-            try:
-                status = to_text(status)
-            except UnicodeDecodeError:
-                continue
-            if status == "RUNNING" and pttl == -2:
-                verdict, kind = "STALE", "stale"
-            elif status in TERMINAL_STATUSES:
-                verdict, kind = status, "end"
-            else:
+            verdict = liveness_verdict(replies[2 * i], replies[2 * i + 1])
+            if verdict is None:
                 continue
             if self.streams.get(stream.key) is not stream:
                 continue
@@ -376,8 +367,7 @@ class XReadLoop:
                 continue
             if self.streams.get(stream.key) is not stream or self._deliver(stream, rest):
                 continue
-            synthetic = Event(id=stream.cursor, kind=kind, status=verdict, synthetic=True)
-            self._offer(stream, synthetic)
+            self._offer(stream, synthetic_event(verdict, stream.cursor))
             self._drop(stream)
 
     async def _fail_foreign_keys(self) -> None:

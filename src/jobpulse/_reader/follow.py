@@ -1,0 +1,88 @@
+"""When a watch ends, and with what: the follow rules of every driver that follows a job's
+stream (pure, no I/O).
+
+The drivers: the asyncio reader (``watch.Watch`` over the hub's ``xread.XReadLoop``), the sync
+reader (``SyncStatusReader.watch``, XREAD BLOCK on the caller's thread) and ``wait()`` of both,
+which follows a watch to its end. Each only reads, waits and yields; what follows decides.
+
+The rules:
+  1. *Superseded run.* A job id's stream holds every attempt, each opening with a ``start``
+     entry. A terminal entry (``end``, ``stale``) that a later ``start`` follows belongs to an
+     earlier attempt: it is yielded, and the watch goes on (:func:`superseded`,
+     :func:`ends_watch`), so a watch follows the job's last attempt to its end.
+  2. *Liveness verdict.* A followed job with no new entry for a while is checked with
+     :func:`liveness_commands` (its snapshot's ``status`` and the liveness key's PTTL, one
+     pipeline): :func:`liveness_verdict` says STALE (RUNNING, liveness key gone), the terminal
+     status (the job ended), or None (running, or not started yet: keep following). The verdict
+     is the one ``get()`` makes (``status.state_of``).
+  3. *Synthetic end.* On a verdict the driver reads the stream past its cursor and yields what
+     it holds; unless that holds a terminal entry, the watch ends with :func:`synthetic_event`:
+     ``stale`` (status ``STALE``) for a dead worker nobody claimed, ``end`` with the final status
+     for a job whose ``end`` entry is gone (trimmed by ``MAXLEN``, deleted). Its id is the last
+     real entry's, so resuming from it loses nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container, Iterable
+from typing import Any
+
+from .._protocol.codec import to_text
+from .event import Event
+from .status import JobState, state_of
+
+__all__ = ["ends_watch", "liveness_commands", "liveness_verdict", "superseded", "synthetic_event"]
+
+
+def superseded(items: Iterable[Event | BaseException]) -> set[str]:
+    """The ids of the terminal entries in ``items`` (stream order) that a later ``start``
+    follows: they end an earlier attempt, not the watch."""
+    later_start = False
+    found: set[str] = set()
+    for item in reversed(list(items)):
+        if not isinstance(item, Event):
+            continue
+        if item.kind == "start":
+            later_start = True
+        elif item.terminal and later_start:
+            found.add(item.id)
+    return found
+
+
+def ends_watch(event: Event, superseded: Container[str]) -> bool:
+    """True when the watch ends once ``event`` is yielded: a terminal entry of the job's last
+    attempt (one not in ``superseded``), or a synthetic event."""
+    return event.terminal and (event.synthetic or event.id not in superseded)
+
+
+def liveness_commands(state_key: str, alive_key: str) -> list[tuple[str, ...]]:
+    """The liveness check of one followed job: its snapshot's ``status`` and the liveness key's
+    PTTL (both keys share the job's hash slot: one pipeline, also on a cluster)."""
+    return [("HGET", state_key, "status"), ("PTTL", alive_key)]
+
+
+def liveness_verdict(status: Any, alive_pttl: Any) -> JobState | None:
+    """The verdict of a liveness check from its two replies (see :func:`liveness_commands`).
+
+    Returns:
+        STALE (RUNNING without its liveness key), the terminal state of a job that ended, or
+        None: keep following (running; not started yet; a reply that is an error, not UTF-8 or
+        not a jobpulse status says nothing).
+    """
+    if isinstance(status, BaseException) or not isinstance(alive_pttl, int):
+        return None
+    try:
+        text = to_text(status)
+    except UnicodeDecodeError:
+        return None
+    if text is None:
+        return None  # no snapshot (yet): a watch of a job not started waits for its start
+    state = state_of(text, alive_pttl)
+    return state if state is not None and state.is_settled else None
+
+
+def synthetic_event(verdict: JobState, last_id: str) -> Event:
+    """The event that ends a watch on ``verdict`` when the stream holds no terminal entry past
+    ``last_id`` (the last real entry's id, or ``"0-0"``)."""
+    kind = "stale" if verdict is JobState.STALE else "end"
+    return Event(id=last_id, kind=kind, status=verdict.value, synthetic=True)

@@ -1,0 +1,121 @@
+"""Both readers' ``watch()`` follow one set of rules (``_reader/follow.py``): the asyncio
+:class:`StatusReader` and ``jobpulse.sync.StatusReader`` yield the same events, ending the same
+way, for the same stream and snapshot, on a single Redis and on a Redis Cluster.
+
+Each case writes a job's snapshot and stream as the scripts leave them, then watches it with
+both readers; a case where the drivers disagree fails."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.cluster import RedisCluster
+
+from jobpulse import Event, StatusReader
+from jobpulse._protocol.keys import KeySchema
+from jobpulse.sync import StatusReader as SyncStatusReader
+
+from ..support import url_of
+
+AnyRedis = aioredis.Redis | RedisCluster
+Seen = tuple[str, str, str | None, bool]
+
+
+@pytest.fixture
+def sync_client(client: AnyRedis) -> Iterator[Any]:
+    """A blocking client of the server (or cluster) ``client`` reaches."""
+    url = url_of(client)
+    if url.startswith("cluster:"):
+        c: Any = redis.cluster.RedisCluster.from_url(url.removeprefix("cluster:"))
+    else:
+        c = redis.Redis.from_url(url)
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def _entry(kind: str, status: str, fence: int, seq: int) -> dict[str, Any]:
+    return {"kind": kind, "status": status, "seq": seq, "fence": fence, "ts_ms": 1_700_000_000_000}
+
+
+async def _write(client: AnyRedis, ns: str, job: str, status: str, kinds: list[str]) -> list[str]:
+    """The job's snapshot says ``status`` (no liveness key); its stream holds ``kinds``, a
+    ``start`` opening each attempt (fence 1, 2, ...). Returns the entry ids."""
+    keys = KeySchema(ns).job(job)
+    await client.hset(keys.state, mapping={"status": status, "seq": 9, "fence": 1})
+    fence, ids = 0, []
+    for seq, kind in enumerate(kinds, 1):
+        fence += kind == "start"
+        entry_status = {"end": status, "stale": "LOST"}.get(kind, "RUNNING")
+        raw = await client.xadd(keys.events, _entry(kind, entry_status, fence, seq))
+        ids.append(raw.decode() if isinstance(raw, bytes) else raw)
+    return ids
+
+
+async def _both(
+    client: AnyRedis, sync_client: Any, ns: str, job: str, last: str | None = None
+) -> tuple[list[Seen], list[Seen]]:
+    """What each reader's ``watch()`` yields, as (id, kind, status, synthetic)."""
+
+    def seen(events: list[Event]) -> list[Seen]:
+        return [(e.id, e.kind, e.status, e.synthetic) for e in events]
+
+    async with StatusReader(client, namespace=ns, liveness_interval=0.1) as reader:
+        from_async = [e async for e in reader.watch(job, last_event_id=last)]
+    sync_reader = SyncStatusReader(sync_client, namespace=ns, watch_block=0.1)
+    from_sync = await asyncio.to_thread(lambda: list(sync_reader.watch(job, last_event_id=last)))
+    return seen(from_async), seen(from_sync)
+
+
+async def test_an_ended_job_whose_end_entry_was_trimmed_ends_with_a_synthetic_end(
+    client: AnyRedis, sync_client: Any, ns: str
+) -> None:
+    ids = await _write(client, ns, "trimmed", "COMPLETED", ["start", "checkpoint"])
+    from_async, from_sync = await _both(client, sync_client, ns, "trimmed")
+    expected = [
+        (ids[0], "start", "RUNNING", False),
+        (ids[1], "checkpoint", "RUNNING", False),
+        (ids[1], "end", "COMPLETED", True),  # its id: the last real entry's
+    ]
+    assert from_async == expected
+    assert from_sync == expected
+
+
+async def test_resuming_after_the_end_entry_ends_with_a_synthetic_end(
+    client: AnyRedis, sync_client: Any, ns: str
+) -> None:
+    ids = await _write(client, ns, "over", "FAILED", ["start", "end"])
+    from_async, from_sync = await _both(client, sync_client, ns, "over", last=ids[-1])
+    assert from_async == from_sync == [(ids[-1], "end", "FAILED", True)]
+
+
+async def test_a_dead_worker_nobody_claimed_ends_with_a_synthetic_stale(
+    client: AnyRedis, sync_client: Any, ns: str
+) -> None:
+    ids = await _write(client, ns, "dead", "RUNNING", ["start", "beat"])
+    from_async, from_sync = await _both(client, sync_client, ns, "dead")
+    expected = [
+        (ids[0], "start", "RUNNING", False),
+        (ids[1], "beat", "RUNNING", False),
+        (ids[1], "stale", "STALE", True),
+    ]
+    assert from_async == expected
+    assert from_sync == expected
+
+
+async def test_an_earlier_attempts_end_does_not_end_the_watch(
+    client: AnyRedis, sync_client: Any, ns: str
+) -> None:
+    kinds = ["start", "stale", "start", "checkpoint", "end"]
+    ids = await _write(client, ns, "again", "COMPLETED", kinds)
+    from_async, from_sync = await _both(client, sync_client, ns, "again")
+    assert [(e[0], e[1], e[3]) for e in from_async] == [
+        (i, k, False) for i, k in zip(ids, kinds, strict=True)
+    ]
+    assert from_sync == from_async

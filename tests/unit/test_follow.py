@@ -1,0 +1,84 @@
+"""The follow rules of every watch (``_reader/follow.py``): pure, no Redis."""
+
+from __future__ import annotations
+
+import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from jobpulse import Event, JobState
+from jobpulse._reader.follow import (
+    ends_watch,
+    liveness_commands,
+    liveness_verdict,
+    superseded,
+    synthetic_event,
+)
+from jobpulse._reader.status import state_of
+from jobpulse.errors import ProtocolError
+
+
+def _events(*kinds: str) -> list[Event]:
+    return [Event(id=f"{i + 1}-0", kind=kind) for i, kind in enumerate(kinds)]
+
+
+def test_a_terminal_entry_a_later_start_follows_is_superseded() -> None:
+    history = _events("start", "stale", "start", "beat", "end")
+    assert superseded(history) == {"2-0"}
+    assert [ends_watch(e, {"2-0"}) for e in history] == [False, False, False, False, True]
+
+
+def test_the_last_attempts_end_is_never_superseded() -> None:
+    assert superseded(_events("start", "end")) == set()
+    assert superseded(_events("start", "end", "start", "end")) == {"2-0"}
+
+
+def test_an_error_in_the_history_is_skipped_by_the_superseded_rule() -> None:
+    items: list[Event | BaseException] = [*_events("start", "end"), ProtocolError("x")]
+    assert superseded(items) == set()
+    assert superseded([*items, *_events("start")]) == {"2-0"}
+
+
+def test_a_synthetic_event_always_ends_the_watch() -> None:
+    event = synthetic_event(JobState.STALE, "7-0")
+    assert ends_watch(event, {"7-0"})  # even where a superseded entry shares its id
+
+
+@pytest.mark.parametrize(
+    ("status", "pttl", "verdict"),
+    [
+        (b"RUNNING", -2, JobState.STALE),
+        ("RUNNING", -2, JobState.STALE),
+        (b"RUNNING", 900, None),
+        (b"COMPLETED", -2, JobState.COMPLETED),
+        (b"FAILED", 500, JobState.FAILED),
+        (b"CANCELLED", -2, JobState.CANCELLED),
+        (b"LOST", -2, JobState.LOST),
+        (None, -2, None),  # not started yet: keep following
+        (b"", -2, None),
+        (b"BOGUS", -2, None),  # not a jobpulse status: says nothing
+        (b"\xff", -2, None),  # not UTF-8
+        (RedisConnectionError("down"), -2, None),
+        (b"RUNNING", RedisConnectionError("down"), None),
+    ],
+)
+def test_the_liveness_verdict(status: object, pttl: object, verdict: JobState | None) -> None:
+    assert liveness_verdict(status, pttl) is verdict
+
+
+def test_the_liveness_verdict_is_the_one_get_makes() -> None:
+    for status in ("RUNNING", "COMPLETED", "FAILED", "CANCELLED", "LOST"):
+        for pttl in (-2, -1, 1000):
+            state = state_of(status, pttl)
+            expected = state if state is not None and state.is_settled else None
+            assert liveness_verdict(status.encode(), pttl) is expected
+
+
+def test_the_synthetic_event_names_the_verdict_and_the_last_real_id() -> None:
+    stale = synthetic_event(JobState.STALE, "5-1")
+    assert (stale.id, stale.kind, stale.status, stale.synthetic) == ("5-1", "stale", "STALE", True)
+    end = synthetic_event(JobState.COMPLETED, "0-0")
+    assert (end.id, end.kind, end.status, end.terminal) == ("0-0", "end", "COMPLETED", True)
+
+
+def test_the_liveness_check_reads_status_and_pttl() -> None:
+    assert liveness_commands("s", "a") == [("HGET", "s", "status"), ("PTTL", "a")]
