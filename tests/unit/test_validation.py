@@ -100,3 +100,19 @@ async def test_invalid_kinds_raise_before_any_redis_call(
     with pytest.raises(error, match="kind"):
         async with heartbeat(nowhere, "job", kind=kind):
             pass
+
+
+@pytest.mark.parametrize(
+    ("limit", "error"), [(0, ValueError), (-3, ValueError), ("5", TypeError), (True, TypeError)]
+)
+async def test_running_ids_refuses_a_bad_limit_like_every_int_option(
+    nowhere: aioredis.Redis, limit: object, error: type[Exception]
+) -> None:
+    """The one int check (``_checks.check_number``): TypeError for what is not an int,
+    ValueError below 1, as the reader's own int options answer."""
+    from jobpulse import StatusReader
+
+    with pytest.raises(error, match="limit"):
+        await StatusReader(nowhere).running_ids(limit=limit)  # type: ignore[arg-type]
+    with pytest.raises(error, match="max_entries"):
+        StatusReader(nowhere, max_entries=limit)  # type: ignore[arg-type]

@@ -55,6 +55,7 @@ __all__ = [
     "is_unknown_command",
     "is_wrongtype",
     "refuses_blocking",
+    "refuses_time",
     "tolerate_faults",
 ]
 
@@ -153,6 +154,17 @@ def is_transient(exc: BaseException) -> bool:
     into a replica), OOM (``maxmemory`` with ``noeviction``), LOADING, BUSY (a long script),
     MASTERDOWN, TRYAGAIN, CLUSTERDOWN, MOVED and ASK, NOREPLICAS, MISCONF."""
     return error_code(exc) in _TRANSIENT
+
+
+def refuses_time(exc: BaseException) -> bool:
+    """True when a script call failed because the server refuses ``TIME`` in scripts: renamed
+    away or unknown (``Unknown Redis command called from script``), or refused by an ACL or a
+    managed server's rule (``NOPERM``, or an ``ERR`` naming TIME and scripts). The script
+    clock (``clock.py``) then stamps the time as an argument."""
+    if is_unknown_command(exc) and "script" in _text(exc):
+        return True
+    text = _text(exc)
+    return error_code(exc) in ("ERR", "NOPERM") and "time" in text and "script" in text
 
 
 def refuses_blocking(exc: BaseException) -> bool:

@@ -76,11 +76,7 @@ class ReaderConfig:
         _seconds("watch_poll", self.watch_poll, positive=True)
         _seconds("liveness_interval", self.liveness_interval, positive=True)
         for name in ("max_entries", "watch_queue", "concurrency"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {value!r}")
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value!r}")
+            check_number(name, getattr(self, name), integer=True, minimum=1, strict=False)
 
     @property
     def terminal_seconds(self) -> float:
@@ -256,9 +252,12 @@ class StatusReader:
         Args:
             index_shards: the ``index_shards`` the workers use.
             limit: the most ids returned (>= 1).
+
+        Raises:
+            TypeError: ``limit`` is not an int.
+            ValueError: ``limit`` is below 1.
         """
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+        check_number("limit", limit, integer=True, minimum=1, strict=False)
         schema = KeySchema(self.namespace, index_shards)
         async with self._slots, self._redis.pipeline(transaction=False) as pipe:
             for key in schema.indexes():

@@ -98,11 +98,7 @@ class HttpConfig:
                 name, value, minimum=0, strict=name in positive, what="a number of seconds"
             )
         for name in ("index_shards", "max_jobs", "max_waiters"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {value!r}")
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value!r}")
+            check_number(name, getattr(self, name), integer=True, minimum=1, strict=False)
 
 
 def create_app(
