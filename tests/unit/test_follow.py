@@ -8,10 +8,12 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from jobpulse import Event, JobState
 from jobpulse._reader.follow import (
     ends_watch,
+    follow_from,
     liveness_commands,
     liveness_verdict,
     superseded,
     synthetic_event,
+    wait_step,
 )
 from jobpulse._reader.status import state_of
 from jobpulse.errors import ProtocolError
@@ -82,3 +84,26 @@ def test_the_synthetic_event_names_the_verdict_and_the_last_real_id() -> None:
 
 def test_the_liveness_check_reads_status_and_pttl() -> None:
     assert liveness_commands("s", "a") == [("HGET", "s", "status"), ("PTTL", "a")]
+
+
+@pytest.mark.parametrize(
+    ("state", "step"),
+    [
+        (JobState.RUNNING, "follow"),
+        (JobState.UNKNOWN, "poll"),
+        (JobState.STALE, "settled"),
+        (JobState.COMPLETED, "settled"),
+        (JobState.FAILED, "settled"),
+        (JobState.CANCELLED, "settled"),
+        (JobState.LOST, "settled"),
+    ],
+)
+def test_what_wait_does_in_each_state(state: JobState, step: str) -> None:
+    assert wait_step(state) == step
+
+
+def test_wait_follows_from_right_after_the_entry_before_the_newest() -> None:
+    assert follow_from([(b"9-0", {}), (b"8-1", {})]) == "8-1"
+    assert follow_from([("9-0", {}), ("8-1", {})]) == "8-1"
+    assert follow_from([(b"9-0", {})]) is None
+    assert follow_from([]) is None

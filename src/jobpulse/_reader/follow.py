@@ -20,18 +20,33 @@ The rules:
      ``stale`` (status ``STALE``) for a dead worker nobody claimed, ``end`` with the final status
      for a job whose ``end`` entry is gone (trimmed by ``MAXLEN``, deleted). Its id is the last
      real entry's, so resuming from it loses nothing.
+  4. *Waiting.* ``wait()`` reads the status and, by :func:`wait_step`, returns it (settled:
+     terminal or STALE), follows the stream to its end (RUNNING) from :func:`follow_from`, or
+     polls (UNKNOWN: not started yet).
 """
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterable
-from typing import Any
+from collections.abc import Container, Iterable, Sequence
+from typing import Any, Literal
 
 from .._protocol.codec import to_text
 from .event import Event
 from .status import JobState, state_of
 
-__all__ = ["ends_watch", "liveness_commands", "liveness_verdict", "superseded", "synthetic_event"]
+__all__ = [
+    "WaitStep",
+    "ends_watch",
+    "follow_from",
+    "liveness_commands",
+    "liveness_verdict",
+    "superseded",
+    "synthetic_event",
+    "wait_step",
+]
+
+WaitStep = Literal["settled", "follow", "poll"]
+"""What ``wait()`` does after a read of the job's status."""
 
 
 def superseded(items: Iterable[Event | BaseException]) -> set[str]:
@@ -86,3 +101,20 @@ def synthetic_event(verdict: JobState, last_id: str) -> Event:
     ``last_id`` (the last real entry's id, or ``"0-0"``)."""
     kind = "stale" if verdict is JobState.STALE else "end"
     return Event(id=last_id, kind=kind, status=verdict.value, synthetic=True)
+
+
+def wait_step(state: JobState) -> WaitStep:
+    """What ``wait()`` does with a job in ``state``: ``"settled"`` (terminal or STALE: return
+    the status), ``"follow"`` (RUNNING: follow the stream to its end, then read again) or
+    ``"poll"`` (UNKNOWN: not started yet, read again after a pause)."""
+    if state.is_settled:
+        return "settled"
+    return "follow" if state is JobState.RUNNING else "poll"
+
+
+def follow_from(tail: Sequence[Any]) -> str | None:
+    """Where ``wait()`` follows a running job's stream from, given its two newest entries
+    (``XREVRANGE … COUNT 2``): right after the one before the newest, so an attempt that already
+    ended ends the watch at once without replaying the history; None (the stream's start) when
+    the stream holds fewer than two entries."""
+    return to_text(tail[1][0]) if len(tail) == 2 else None

@@ -23,9 +23,10 @@ from ..errors import InvalidJobId, ProtocolError
 from .backoff import Backoff
 from .cache import CacheStatistics, SnapshotCache
 from .fetch import Read, ReadClock, ReadRequest, exchange, fast_client, merge
+from .follow import follow_from, wait_step
 from .hubtypes import HubStatistics
 from .routing import WatchHub
-from .status import ALL_FIELDS, JobState, JobStatus, check_fields, wanted
+from .status import ALL_FIELDS, LIVE_STATES, JobStatus, check_fields, wanted
 from .watch import Watch
 
 __all__ = ["ReaderConfig", "ReaderStatistics", "StatusReader", "client_of"]
@@ -278,7 +279,7 @@ class StatusReader:
         listed = []
         for result in results:
             if isinstance(result, JobStatus):
-                if result.state in (JobState.RUNNING, JobState.STALE):
+                if result.state in LIVE_STATES:
                     listed.append(result)
             elif not isinstance(result, ProtocolError):
                 raise result
@@ -378,10 +379,11 @@ class StatusReader:
             # a Redis fault falls back to polling; a corrupt key (ProtocolError) propagates
             with tolerate_faults(lambda exc: log.debug("wait(%s): polling: %r", job_id, exc)):
                 status = await self._get(job_id, None, fresh=fresh)
-                if status.state.is_settled:
+                step = wait_step(status.state)
+                if step == "settled":
                     return status
                 fresh = True
-                if status.state is JobState.RUNNING:
+                if step == "follow":
                     await self._follow(job_id)
                     delays.reset()
                     continue  # the stream ended: read the final snapshot, past the cache
@@ -394,10 +396,7 @@ class StatusReader:
         # watch at once, without replaying the whole history.
         async with self._slots:
             tail = await self._redis.xrevrange(keys.events, count=2)
-        start = tail[1][0] if len(tail) == 2 else None
-        if isinstance(start, bytes):
-            start = start.decode()
-        async with self.watch(job_id, last_event_id=start) as events:
+        async with self.watch(job_id, last_event_id=follow_from(tail)) as events:
             async for _event in events:
                 pass  # the watch ends after the terminal entry of the job's last attempt
 

@@ -21,6 +21,7 @@ from ..errors import ProtocolError
 
 __all__ = [
     "ALL_FIELDS",
+    "LIVE_STATES",
     "VERDICT_FIELDS",
     "JobState",
     "JobStatus",
@@ -77,6 +78,11 @@ class JobState(enum.Enum):
     def is_settled(self) -> bool:
         """True for a terminal state or STALE: what :meth:`StatusReader.wait` returns at."""
         return self is JobState.STALE or self.is_terminal
+
+
+LIVE_STATES = frozenset({JobState.RUNNING, JobState.STALE})
+"""A job whose attempt has not ended: the running-jobs index names it, a job list shows it, and
+its status may change by itself (a beat, the end, a claim)."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -20,7 +20,6 @@ from typing import Any
 from redis.cluster import RedisCluster
 
 from .._protocol.clients import SyncClient
-from .._protocol.codec import to_text
 from .._protocol.errors import tolerate_faults
 from .._protocol.keys import KeySchema, check_job_id
 from ..errors import ProtocolError
@@ -28,7 +27,15 @@ from .backoff import Backoff
 from .cache import SnapshotCache
 from .event import Event, decode_event
 from .fetch import Read, ReadClock, ReadRequest, exchange_sync, fast_client, merge
-from .follow import ends_watch, liveness_commands, liveness_verdict, superseded, synthetic_event
+from .follow import (
+    ends_watch,
+    follow_from,
+    liveness_commands,
+    liveness_verdict,
+    superseded,
+    synthetic_event,
+    wait_step,
+)
 from .reader import ReaderConfig, _with_ages
 from .status import ALL_FIELDS, JobState, JobStatus, check_fields, wanted
 
@@ -164,10 +171,11 @@ class SyncStatusReader:
             # a Redis fault falls back to polling; a corrupt key (ProtocolError) propagates
             with tolerate_faults(lambda exc: log.debug("wait(%s): polling: %r", job_id, exc)):
                 status = self._get(job_id, None, fresh=fresh)
-                if status.state.is_settled:
+                step = wait_step(status.state)
+                if step == "settled":
                     return status
                 fresh = True
-                if status.state is JobState.RUNNING:
+                if step == "follow":
                     for _event in self._follow(job_id, left):
                         pass
                     delays.reset()
@@ -192,8 +200,7 @@ class SyncStatusReader:
     def _follow(self, job_id: str, limit: float | None) -> Iterator[Event]:
         # Start just before the newest entry: an attempt that already ended ends at once.
         tail = self._redis.xrevrange(self._schema.job(job_id).events, count=2)
-        start = to_text(tail[1][0]) if len(tail) == 2 else None
-        return self._events(job_id, start, limit)
+        return self._events(job_id, follow_from(tail), limit)
 
     def _events(self, job_id: str, after: str | None, limit: float | None) -> Iterator[Event]:
         # The follow rules (superseded runs, the liveness verdict, the synthetic end) are

@@ -37,7 +37,7 @@ from .._protocol.codec import parse_stream_id
 from .._protocol.keys import check_job_id
 from .._reader.event import Event
 from .._reader.reader import StatusReader
-from .._reader.status import JobState, JobStatus
+from .._reader.status import LIVE_STATES, JobState, JobStatus
 from ..errors import InvalidJobId, ProtocolError
 from . import operate
 from .longpoll import Crowded, LongPollHub, parse_wait, until_disconnect
@@ -63,7 +63,6 @@ _MEDIA = {
     "js": "text/javascript; charset=utf-8",
     "css": "text/css; charset=utf-8",
 }
-_LISTED = frozenset({JobState.RUNNING, JobState.STALE})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -430,7 +429,7 @@ class _Service:
         jobs = []
         for result in results:
             if isinstance(result, JobStatus):
-                if result.state in _LISTED:
+                if result.state in LIVE_STATES:
                     jobs.append(result.as_dict())
             elif isinstance(result, ProtocolError):
                 continue  # one corrupt job does not hide the others
