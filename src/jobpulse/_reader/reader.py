@@ -6,7 +6,7 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
@@ -22,18 +22,25 @@ from .._protocol.keys import KeySchema, check_job_id
 from ..errors import InvalidJobId, ProtocolError
 from .backoff import Backoff
 from .cache import CacheStatistics, SnapshotCache
-from .fetch import Read, ReadClock, ReadRequest, exchange, fast_client, merge
+from .fetch import (
+    Read,
+    ReadClock,
+    ReadRequest,
+    exchange,
+    fast_client,
+    fields_to_read,
+    merge,
+    served,
+)
 from .follow import follow_from, wait_step
 from .hubtypes import HubStatistics
 from .routing import WatchHub
-from .status import ALL_FIELDS, LIVE_STATES, JobStatus, check_fields, wanted
+from .status import LIVE_STATES, JobStatus
 from .watch import Watch
 
 __all__ = ["ReaderConfig", "ReaderStatistics", "StatusReader", "client_of"]
 
 log = logging.getLogger("jobpulse")
-
-_ALL = frozenset(ALL_FIELDS)
 
 
 def _seconds(name: str, value: object, *, positive: bool = False) -> float:
@@ -216,14 +223,11 @@ class StatusReader:
 
     async def _get(self, job_id: str, fields: Iterable[str] | None, *, fresh: bool) -> JobStatus:
         check_job_id(job_id)
-        names = check_fields(fields)
-        want = _ALL if names is None else wanted(names)
+        want = fields_to_read(fields)
         read, age = await self._cache.get(
             job_id, want, lambda f: self._fetch(job_id, f), fresh=fresh
         )
-        if age > 0 and read.exists:
-            return _with_ages(read.status, age)
-        return read.status
+        return served(read, age)
 
     async def _fetch(self, job_id: str, want: frozenset[str]) -> Read:
         request = ReadRequest(job_id, self._schema.job(job_id), want, self._time)
@@ -425,17 +429,6 @@ def client_of(reader: StatusReader) -> Any:
     """The Redis client ``reader`` reads through, for the adapters that write through it too
     (the HTTP app's cancel route, its ``/metrics`` census); not public."""
     return reader._redis
-
-
-def _with_ages(status: JobStatus, age: float) -> JobStatus:
-    """``status`` served ``age`` seconds after its read: its ages grew by as much (measured on
-    the reader's own monotonic clock, never compared with another clock)."""
-    return replace(status, heartbeat_age=_plus(status.heartbeat_age, age),
-                   progress_age=_plus(status.progress_age, age))  # fmt: skip
-
-
-def _plus(value: float | None, age: float) -> float | None:
-    return None if value is None else value + age
 
 
 def _is_job_id(text: str) -> bool:

@@ -26,7 +26,16 @@ from ..errors import ProtocolError
 from .backoff import Backoff
 from .cache import SnapshotCache
 from .event import Event, decode_event
-from .fetch import Read, ReadClock, ReadRequest, exchange_sync, fast_client, merge
+from .fetch import (
+    Read,
+    ReadClock,
+    ReadRequest,
+    exchange_sync,
+    fast_client,
+    fields_to_read,
+    merge,
+    served,
+)
 from .follow import (
     ends_watch,
     follow_from,
@@ -36,14 +45,12 @@ from .follow import (
     synthetic_event,
     wait_step,
 )
-from .reader import ReaderConfig, _with_ages
-from .status import ALL_FIELDS, JobState, JobStatus, check_fields, wanted
+from .reader import ReaderConfig
+from .status import JobState, JobStatus
 
 __all__ = ["SyncStatusReader"]
 
 log = logging.getLogger("jobpulse")
-
-_ALL = frozenset(ALL_FIELDS)
 
 
 class SyncStatusReader:
@@ -119,18 +126,14 @@ class SyncStatusReader:
 
     def _get(self, job_id: str, fields: Iterable[str] | None, *, fresh: bool) -> JobStatus:
         check_job_id(job_id)
-        names = check_fields(fields)
-        want = _ALL if names is None else wanted(names)
+        want = fields_to_read(fields)
         with self._lock:
             cached = self._cache.hit(job_id, want, fresh=fresh)
         if cached is None:
             fetched = self._fetch(job_id, want)
             with self._lock:
                 cached = self._cache.admit(job_id, fetched)
-        read, age = cached
-        if age > 0 and read.exists:
-            return _with_ages(read.status, age)
-        return read.status
+        return served(*cached)
 
     def _fetch(self, job_id: str, want: frozenset[str]) -> Read:
         request = ReadRequest(job_id, self._schema.job(job_id), want, self._time)
