@@ -5,12 +5,13 @@ from __future__ import annotations
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from jobpulse import Event, JobState
+from jobpulse import Event, JobState, JobStatus
 from jobpulse._reader.follow import (
     ends_watch,
     follow_from,
     liveness_commands,
     liveness_verdict,
+    order_of,
     superseded,
     synthetic_event,
     wait_step,
@@ -107,3 +108,20 @@ def test_wait_follows_from_right_after_the_entry_before_the_newest() -> None:
     assert follow_from([("9-0", {}), ("8-1", {})]) == "8-1"
     assert follow_from([(b"9-0", {})]) is None
     assert follow_from([]) is None
+
+
+def test_snapshots_order_by_run_then_seq_then_stale_then_cancel() -> None:
+    def status(
+        fence: int, seq: int, state: JobState = JobState.RUNNING, cancel: bool = False
+    ) -> JobStatus:
+        return JobStatus(job_id="j", state=state, fence=fence, seq=seq, cancel_requested=cancel)
+
+    ordered = [
+        status(1, 9),
+        status(1, 9, JobState.STALE),
+        status(1, 9, JobState.STALE, cancel=True),
+        status(1, 10, JobState.COMPLETED),
+        status(2, 1),  # a later run supersedes whatever seq the earlier reached
+    ]
+    assert sorted(ordered, key=order_of) == ordered
+    assert len({order_of(s) for s in ordered}) == len(ordered)

@@ -20,7 +20,10 @@ The rules:
      ``stale`` (status ``STALE``) for a dead worker nobody claimed, ``end`` with the final status
      for a job whose ``end`` entry is gone (trimmed by ``MAXLEN``, deleted). Its id is the last
      real entry's, so resuming from it loses nothing.
-  4. *Waiting.* ``wait()`` reads the status and, by :func:`wait_step`, returns it (settled:
+  4. *Snapshot order.* Whoever follows a job through its snapshot instead of its stream (the
+     HTTP long poll) orders them by :func:`order_of`: a later run (fence) supersedes, then
+     ``seq``, then STALE after the RUNNING it was derived from, then a pending cancel request.
+  5. *Waiting.* ``wait()`` reads the status and, by :func:`wait_step`, returns it (settled:
      terminal or STALE), follows the stream to its end (RUNNING) from :func:`follow_from`, or
      polls (UNKNOWN: not started yet).
 """
@@ -32,7 +35,7 @@ from typing import Any, Literal
 
 from .._protocol.codec import to_text
 from .event import Event
-from .status import JobState, state_of
+from .status import JobState, JobStatus, state_of
 
 __all__ = [
     "WaitStep",
@@ -40,6 +43,7 @@ __all__ = [
     "follow_from",
     "liveness_commands",
     "liveness_verdict",
+    "order_of",
     "superseded",
     "synthetic_event",
     "wait_step",
@@ -118,3 +122,11 @@ def follow_from(tail: Sequence[Any]) -> str | None:
     ended ends the watch at once without replaying the history; None (the stream's start) when
     the stream holds fewer than two entries."""
     return to_text(tail[1][0]) if len(tail) == 2 else None
+
+
+def order_of(status: JobStatus) -> tuple[int, int, bool, bool]:
+    """The order of a job's snapshots: ``(fence, seq)`` (a later run supersedes an earlier
+    one), then STALE after its RUNNING, then a cancel request (``cancel.lua`` sets its flag
+    without a new seq; the ETag shows it)."""
+    stale = status.state is JobState.STALE
+    return (status.fence or 0, status.seq or 0, stale, bool(status.cancel_requested))
