@@ -35,7 +35,7 @@ from .fetch import (
 from .follow import follow_from, wait_step
 from .hubtypes import HubStatistics
 from .routing import WatchHub
-from .status import LIVE_STATES, JobStatus
+from .status import JobStatus, live_statuses
 from .watch import Watch
 
 __all__ = ["ReaderConfig", "ReaderStatistics", "StatusReader", "client_of"]
@@ -280,14 +280,7 @@ class StatusReader:
         """
         ids, _ = await self.running_ids(index_shards=index_shards, limit=limit)
         results = await asyncio.gather(*(self.get(job) for job in ids), return_exceptions=True)
-        listed = []
-        for result in results:
-            if isinstance(result, JobStatus):
-                if result.state in LIVE_STATES:
-                    listed.append(result)
-            elif not isinstance(result, ProtocolError):
-                raise result
-        return listed
+        return live_statuses(results)
 
     async def trimmed_after(self, job_id: str, last_event_id: str) -> bool:
         """True when entries after ``last_event_id`` may have been trimmed from the capped

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Any
@@ -29,6 +29,7 @@ __all__ = [
     "check_fields",
     "decode_snapshot",
     "decode_values",
+    "live_statuses",
     "state_of",
     "version",
     "wanted",
@@ -150,6 +151,24 @@ class JobStatus:
         out = asdict(self)
         out["state"] = self.state.name
         return out
+
+
+def live_statuses(results: Iterable[JobStatus | BaseException]) -> list[JobStatus]:
+    """What a job list shows of the results of reading its jobs (``gather(...,
+    return_exceptions=True)``): the statuses in :data:`LIVE_STATES`, in order. A job that just
+    ended is left out, and so is a corrupt one (``ProtocolError``): it does not hide the others.
+
+    Raises:
+        BaseException: the first other failure among ``results`` (a Redis fault, a bug).
+    """
+    listed = []
+    for result in results:
+        if isinstance(result, JobStatus):
+            if result.state in LIVE_STATES:
+                listed.append(result)
+        elif not isinstance(result, ProtocolError):
+            raise result
+    return listed
 
 
 def check_fields(fields: object) -> tuple[str, ...] | None:

@@ -37,8 +37,8 @@ from .._protocol.codec import parse_stream_id
 from .._protocol.keys import check_job_id
 from .._reader.event import Event
 from .._reader.reader import StatusReader
-from .._reader.status import LIVE_STATES, JobState, JobStatus
-from ..errors import InvalidJobId, ProtocolError
+from .._reader.status import JobState, JobStatus, live_statuses
+from ..errors import InvalidJobId
 from . import operate
 from .longpoll import Crowded, LongPollHub, parse_wait, until_disconnect
 from .responses import error as _error
@@ -426,15 +426,8 @@ class _Service:
         results = await asyncio.gather(
             *(self.reader.get(job_id) for job_id in allowed), return_exceptions=True
         )
-        jobs = []
-        for result in results:
-            if isinstance(result, JobStatus):
-                if result.state in LIVE_STATES:
-                    jobs.append(result.as_dict())
-            elif isinstance(result, ProtocolError):
-                continue  # one corrupt job does not hide the others
-            elif isinstance(result, Exception):
-                return _failure(result)
-            else:
-                raise result
+        try:
+            jobs = [status.as_dict() for status in live_statuses(results)]
+        except Exception as exc:
+            return _failure(exc)
         return _json({"jobs": jobs, "truncated": truncated}, headers={"cache-control": "no-store"})
