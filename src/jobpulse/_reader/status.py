@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from .._protocol.codec import SNAPSHOT_FIELDS, STATUSES, TERMINAL_STATUSES, load_json
+from .._protocol.codec import SNAPSHOT_FIELDS, STATUSES, TERMINAL_STATUSES, load_json, to_text
 from ..errors import ProtocolError
 
 __all__ = [
@@ -209,18 +209,10 @@ def decode_values(
     """
     if len(values) != len(names):
         raise ProtocolError(f"job {job_id!r}: HMGET gave {len(values)} values for {len(names)}")
-    out: dict[str, str | None] = {}
     try:
-        for name, value in zip(names, values, strict=True):
-            if not value:
-                out[name] = None
-            elif isinstance(value, bytes):
-                out[name] = value.decode()
-            else:
-                out[name] = value
+        return {name: to_text(value) for name, value in zip(names, values, strict=True)}
     except UnicodeDecodeError as exc:
         raise ProtocolError(f"job {job_id!r}: a snapshot value is not UTF-8 ({exc})") from None
-    return out
 
 
 def _int(job_id: str, raw: RawSnapshot, name: str) -> int | None:

@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
-import logging
 import random
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -51,8 +50,6 @@ from .retry import RETRY_MIN, cache_control, retry_after
 from .sse import EventStream, encode_event
 
 __all__ = ["Authorize", "HttpConfig", "create_app"]
-
-log = logging.getLogger("jobpulse")
 
 Authorize = Callable[[Request, str], bool | Awaitable[bool]]
 """``authorize(request, job_id)``: True to allow; a plain function or a coroutine function."""
