@@ -18,9 +18,10 @@ from redis.asyncio.cluster import RedisCluster
 
 from jobpulse import Event, StatusReader
 from jobpulse._protocol.keys import KeySchema
+from jobpulse._provision import RedisServer
 from jobpulse.sync import StatusReader as SyncStatusReader
 
-from ..support import url_of
+from ..support import eventually, url_of
 
 AnyRedis = aioredis.Redis | RedisCluster
 Seen = tuple[str, str, str | None, bool]
@@ -119,3 +120,43 @@ async def test_an_earlier_attempts_end_does_not_end_the_watch(
         (i, k, False) for i, k in zip(ids, kinds, strict=True)
     ]
     assert from_sync == from_async
+
+
+async def _pttls(client: aioredis.Redis) -> int:
+    stats = await client.info("commandstats")
+    return int(stats.get("cmdstat_pttl", {}).get("calls", 0))
+
+
+async def test_a_job_not_started_yet_is_waited_for(private_redis: RedisServer) -> None:
+    """Both watches of a job with no snapshot and no stream go on past their first liveness
+    check (the server counts its PTTL) until the job starts and ends."""
+    client = aioredis.Redis.from_url(private_redis.url)
+    sync_client = redis.Redis.from_url(private_redis.url)
+    ns = "later"
+    try:
+        sync_reader = SyncStatusReader(sync_client, namespace=ns, watch_block=0.05)
+        from_sync = asyncio.create_task(asyncio.to_thread(lambda: list(sync_reader.watch("j"))))
+        await eventually(lambda: _pttls(client))  # the sync watch checked liveness: UNKNOWN
+        async with StatusReader(client, namespace=ns, liveness_interval=0.05) as reader:
+            from_async = asyncio.create_task(_collect(reader, "j"))
+
+            async def checked() -> bool:
+                return reader.statistics().watch.liveness_checks >= 2
+
+            await eventually(checked)  # the asyncio one checked too, after its first
+            ids = await _write(client, ns, "j", "COMPLETED", ["start", "end"])
+            got = await asyncio.wait_for(from_async, 30)
+        events = await asyncio.wait_for(from_sync, 30)
+    finally:
+        sync_client.close()
+        await client.aclose()
+
+    def seen(events: list[Event]) -> list[tuple[str, str, bool]]:
+        return [(e.id, e.kind, e.synthetic) for e in events]
+
+    assert seen(got) == [(ids[0], "start", False), (ids[1], "end", False)]
+    assert seen(events) == seen(got)
+
+
+async def _collect(reader: StatusReader, job: str) -> list[Event]:
+    return [e async for e in reader.watch(job)]
