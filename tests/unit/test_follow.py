@@ -12,6 +12,7 @@ from jobpulse._reader.follow import (
     liveness_commands,
     liveness_verdict,
     order_of,
+    resume_point,
     superseded,
     synthetic_event,
     wait_step,
@@ -125,3 +126,11 @@ def test_snapshots_order_by_run_then_seq_then_stale_then_cancel() -> None:
     ]
     assert sorted(ordered, key=order_of) == ordered
     assert len({order_of(s) for s in ordered}) == len(ordered)
+
+
+def test_a_watch_resumes_right_after_a_normalised_id_or_from_the_start() -> None:
+    assert resume_point(None) == ((0, 0), None)
+    assert resume_point("1700000000000-3") == ((1700000000000, 3), "1700000000000-3")
+    assert resume_point("1700000000000") == ((1700000000000, 0), "1700000000000-0")
+    with pytest.raises(ValueError, match="last_event_id"):
+        resume_point("later")

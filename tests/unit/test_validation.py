@@ -116,3 +116,35 @@ async def test_running_ids_refuses_a_bad_limit_like_every_int_option(
         await StatusReader(nowhere).running_ids(limit=limit)  # type: ignore[arg-type]
     with pytest.raises(error, match="max_entries"):
         StatusReader(nowhere, max_entries=limit)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("last", ["bogus", "1-2-3", "", "-1-0"])
+async def test_both_readers_refuse_a_bad_resume_id_before_any_redis_call(
+    nowhere: aioredis.Redis, last: str
+) -> None:
+    import redis
+
+    from jobpulse import StatusReader
+    from jobpulse.sync import StatusReader as SyncStatusReader
+
+    with pytest.raises(ValueError, match="last_event_id"):
+        StatusReader(nowhere).watch("job", last_event_id=last)
+    sync_client = redis.Redis(port=free_port(), socket_connect_timeout=0.2)
+    with pytest.raises(ValueError, match="last_event_id"):
+        SyncStatusReader(sync_client).watch("job", last_event_id=last)
+
+
+@pytest.mark.parametrize(("timeout", "error"), [(-1, ValueError), (math.inf, ValueError)])
+async def test_both_readers_refuse_a_bad_wait_timeout_before_any_redis_call(
+    nowhere: aioredis.Redis, timeout: float, error: type[Exception]
+) -> None:
+    import redis
+
+    from jobpulse import StatusReader
+    from jobpulse.sync import StatusReader as SyncStatusReader
+
+    with pytest.raises(error, match="timeout"):
+        await StatusReader(nowhere).wait("job", timeout=timeout)
+    sync_client = redis.Redis(port=free_port(), socket_connect_timeout=0.2)
+    with pytest.raises(error, match="timeout"):
+        SyncStatusReader(sync_client).wait("job", timeout=timeout)

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Container, Iterable, Sequence
 from typing import Any, Literal
 
-from .._protocol.codec import to_text
+from .._protocol.codec import parse_stream_id, to_text
 from .event import Event
 from .status import JobState, JobStatus, state_of
 
@@ -44,6 +44,7 @@ __all__ = [
     "liveness_commands",
     "liveness_verdict",
     "order_of",
+    "resume_point",
     "superseded",
     "synthetic_event",
     "wait_step",
@@ -130,3 +131,21 @@ def order_of(status: JobStatus) -> tuple[int, int, bool, bool]:
     without a new seq; the ETag shows it)."""
     stale = status.state is JobState.STALE
     return (status.fence or 0, status.seq or 0, stale, bool(status.cancel_requested))
+
+
+def resume_point(last_event_id: str | None) -> tuple[tuple[int, int], str | None]:
+    """Where a watch starts: right after ``last_event_id`` (its parsed id, and its text as
+    ``ms-seq``), or the stream's start (``((0, 0), None)``) for None.
+
+    Raises:
+        ValueError: ``last_event_id`` is not a stream entry id (before any Redis call).
+    """
+    if last_event_id is None:
+        return (0, 0), None
+    try:
+        parsed = parse_stream_id(last_event_id)
+    except (ValueError, TypeError, AttributeError):
+        raise ValueError(
+            f"last_event_id must be a stream entry id like '1700000000000-0', got {last_event_id!r}"
+        ) from None
+    return parsed, f"{parsed[0]}-{parsed[1]}"

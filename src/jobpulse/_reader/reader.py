@@ -13,7 +13,7 @@ from typing import Any
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
-from .._checks import check_number
+from .._checks import check_number, check_seconds
 from .._protocol.cluster import pipelined
 from .._protocol.codec import parse_stream_id, to_text
 from .._protocol.deadline import cancellable
@@ -41,10 +41,6 @@ from .watch import Watch
 __all__ = ["ReaderConfig", "ReaderStatistics", "StatusReader", "client_of"]
 
 log = logging.getLogger("jobpulse")
-
-
-def _seconds(name: str, value: object, *, positive: bool = False) -> float:
-    return float(check_number(name, value, minimum=0, strict=positive, what="a number of seconds"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -77,12 +73,12 @@ class ReaderConfig:
     watch_poll: float = 0.1
 
     def __post_init__(self) -> None:
-        _seconds("cache_ttl", self.cache_ttl)
+        check_seconds("cache_ttl", self.cache_ttl)
         if self.terminal_ttl is not None:
-            _seconds("terminal_ttl", self.terminal_ttl)
-        _seconds("watch_block", self.watch_block, positive=True)
-        _seconds("watch_poll", self.watch_poll, positive=True)
-        _seconds("liveness_interval", self.liveness_interval, positive=True)
+            check_seconds("terminal_ttl", self.terminal_ttl)
+        check_seconds("watch_block", self.watch_block, positive=True)
+        check_seconds("watch_poll", self.watch_poll, positive=True)
+        check_seconds("liveness_interval", self.liveness_interval, positive=True)
         for name in ("max_entries", "watch_queue", "concurrency"):
             check_number(name, getattr(self, name), integer=True, minimum=1, strict=False)
 
@@ -362,7 +358,7 @@ class StatusReader:
         """
         check_job_id(job_id)
         if timeout is not None:
-            _seconds("timeout", timeout)
+            check_seconds("timeout", timeout)
         delays = backoff if backoff is not None else Backoff()
         try:
             async with asyncio.timeout(timeout):

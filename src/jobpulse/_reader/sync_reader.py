@@ -19,6 +19,7 @@ from typing import Any
 
 from redis.cluster import RedisCluster
 
+from .._checks import check_seconds
 from .._protocol.clients import SyncClient
 from .._protocol.errors import tolerate_faults
 from .._protocol.keys import KeySchema, check_job_id
@@ -41,6 +42,7 @@ from .follow import (
     follow_from,
     liveness_commands,
     liveness_verdict,
+    resume_point,
     superseded,
     synthetic_event,
     wait_step,
@@ -162,8 +164,11 @@ class SyncStatusReader:
             TimeoutError: the job did not settle within ``timeout`` seconds.
             InvalidJobId: ``job_id`` is invalid.
             ProtocolError: the job's keys are corrupt.
+            ValueError: ``timeout`` is negative or not finite.
         """
         check_job_id(job_id)
+        if timeout is not None:
+            check_seconds("timeout", timeout)
         delays = backoff if backoff is not None else Backoff()
         end = None if timeout is None else time.monotonic() + timeout
         fresh = False
@@ -195,10 +200,12 @@ class SyncStatusReader:
 
         Raises:
             InvalidJobId: ``job_id`` is invalid.
+            ValueError: ``last_event_id`` is not a stream entry id.
             ProtocolError: a stream entry is not jobpulse's.
         """
         check_job_id(job_id)
-        return self._events(job_id, last_event_id, None)
+        _, after = resume_point(last_event_id)
+        return self._events(job_id, after, None)
 
     def _follow(self, job_id: str, limit: float | None) -> Iterator[Event]:
         # Start just before the newest entry: an attempt that already ended ends at once.

@@ -58,7 +58,7 @@ from .._protocol.codec import TERMINAL_EVENT_KINDS, parse_stream_id, to_text
 from .._protocol.errors import is_wrongtype
 from ..errors import ProtocolError
 from .event import Event, decode_event
-from .follow import ends_watch, superseded
+from .follow import ends_watch, resume_point, superseded
 from .hubtypes import EntryKey, Item, Watcher
 
 if TYPE_CHECKING:
@@ -81,18 +81,7 @@ class Watch:
     def __init__(
         self, hub: WatchHub, redis: Any, job_id: str, events_key: str, last_event_id: str | None
     ) -> None:
-        if last_event_id is not None:
-            try:
-                self._last = parse_stream_id(last_event_id)
-            except (ValueError, TypeError, AttributeError):
-                raise ValueError(
-                    f"last_event_id must be a stream entry id like '1700000000000-0', "
-                    f"got {last_event_id!r}"
-                ) from None
-            last_event_id = f"{self._last[0]}-{self._last[1]}"
-        else:
-            self._last = (0, 0)
-        self._last_id = last_event_id
+        self._last, self._last_id = resume_point(last_event_id)
         self._hub = hub
         self._redis = redis
         self.job_id = job_id
