@@ -31,7 +31,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .._checks import check_number
+from .._checks import check_number, check_seconds
 from .._protocol.codec import parse_stream_id
 from .._protocol.keys import check_job_id
 from .._reader.event import Event
@@ -89,10 +89,7 @@ class HttpConfig:
     def __post_init__(self) -> None:
         positive = ("keepalive", "max_wait", "wait_interval")
         for name in (*positive, "retry", "stale_while_revalidate"):
-            value = getattr(self, name)
-            check_number(
-                name, value, minimum=0, strict=name in positive, what="a number of seconds"
-            )
+            check_seconds(name, getattr(self, name), positive=name in positive)
         for name in ("index_shards", "max_jobs", "max_waiters"):
             check_number(name, getattr(self, name), integer=True, minimum=1, strict=False)
 
