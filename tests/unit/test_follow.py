@@ -43,7 +43,7 @@ def test_an_error_in_the_history_is_skipped_by_the_superseded_rule() -> None:
 
 
 def test_a_synthetic_event_always_ends_the_watch() -> None:
-    event = synthetic_event(JobState.STALE, "7-0")
+    event = synthetic_event(JobState.STALE, cursor="7-0", server_ms=None, wall=1.0)
     assert ends_watch(event, {"7-0"})  # even where a superseded entry shares its id
 
 
@@ -77,11 +77,13 @@ def test_the_liveness_verdict_is_the_one_get_makes() -> None:
             assert liveness_verdict(status.encode(), pttl) is expected
 
 
-def test_the_synthetic_event_names_the_verdict_and_the_last_real_id() -> None:
-    stale = synthetic_event(JobState.STALE, "5-1")
+def test_the_synthetic_event_names_the_verdict() -> None:
+    stale = synthetic_event(JobState.STALE, cursor="5-1", server_ms=None, wall=2.5)
     assert (stale.id, stale.kind, stale.status, stale.synthetic) == ("5-1", "stale", "STALE", True)
-    end = synthetic_event(JobState.COMPLETED, "0-0")
-    assert (end.id, end.kind, end.status, end.terminal) == ("0-0", "end", "COMPLETED", True)
+    assert stale.ts == 2.5
+    end = synthetic_event(JobState.COMPLETED, cursor="0-0", server_ms=9000, wall=2.5)
+    assert (end.kind, end.status, end.terminal, end.ts) == ("end", "COMPLETED", True, 9.0)
+    assert end.id == "8999-18446744073709551615"  # event.synthetic_event's resume point
 
 
 def test_the_liveness_check_reads_status_and_pttl() -> None:

@@ -18,8 +18,9 @@ The rules:
   3. *Synthetic end.* On a verdict the driver reads the stream past its cursor and yields what
      it holds; unless that holds a terminal entry, the watch ends with :func:`synthetic_event`:
      ``stale`` (status ``STALE``) for a dead worker nobody claimed, ``end`` with the final status
-     for a job whose ``end`` entry is gone (trimmed by ``MAXLEN``, deleted). Its id is the last
-     real entry's, so resuming from it loses nothing.
+     for a job whose ``end`` entry is gone (trimmed by ``MAXLEN``, deleted). Its ``ts`` is the
+     verdict's time and its id a resume point that loses and repeats nothing
+     (``event.synthetic_event``).
   4. *Snapshot order.* Whoever follows a job through its snapshot instead of its stream (the
      HTTP long poll) orders them by :func:`order_of`: a later run (fence) supersedes, then
      ``seq``, then STALE after the RUNNING it was derived from, then a pending cancel request.
@@ -35,6 +36,7 @@ from typing import Any, Literal
 
 from .._protocol.codec import parse_stream_id, to_text
 from .event import Event
+from .event import synthetic_event as make_synthetic
 from .status import JobState, JobStatus, state_of
 
 __all__ = [
@@ -47,6 +49,7 @@ __all__ = [
     "resume_point",
     "superseded",
     "synthetic_event",
+    "verdict_of",
     "wait_step",
 ]
 
@@ -98,14 +101,23 @@ def liveness_verdict(status: Any, alive_pttl: Any) -> JobState | None:
     if text is None:
         return None  # no snapshot (yet): a watch of a job not started waits for its start
     state = state_of(text, alive_pttl)
-    return state if state is not None and state.is_settled else None
+    return None if state is None else verdict_of(state)
 
 
-def synthetic_event(verdict: JobState, last_id: str) -> Event:
+def verdict_of(state: JobState) -> JobState | None:
+    """The liveness verdict on a job in ``state`` (``status.state_of``'s verdict, from a
+    liveness check or a full read): ``state`` when it ends a watch (terminal, or STALE), else
+    None (keep following)."""
+    return state if state.is_settled else None
+
+
+def synthetic_event(verdict: JobState, *, cursor: str, server_ms: int | None, wall: float) -> Event:
     """The event that ends a watch on ``verdict`` when the stream holds no terminal entry past
-    ``last_id`` (the last real entry's id, or ``"0-0"``)."""
+    ``cursor`` (the last real entry's id, or ``"0-0"``): ``stale`` for STALE, else ``end``;
+    its time and its resumable id are :func:`~.event.synthetic_event`'s (``server_ms``: the
+    server's clock, read before the driver's last read of the stream, or None)."""
     kind = "stale" if verdict is JobState.STALE else "end"
-    return Event(id=last_id, kind=kind, status=verdict.value, synthetic=True)
+    return make_synthetic(kind, verdict.value, cursor=cursor, server_ms=server_ms, wall=wall)
 
 
 def wait_step(state: JobState) -> WaitStep:

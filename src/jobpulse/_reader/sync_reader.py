@@ -40,11 +40,10 @@ from .fetch import (
 from .follow import (
     ends_watch,
     follow_from,
-    liveness_commands,
-    liveness_verdict,
     resume_point,
     superseded,
     synthetic_event,
+    verdict_of,
     wait_step,
 )
 from .reader import ReaderConfig
@@ -239,24 +238,29 @@ class SyncStatusReader:
                         return
             if reply:
                 continue
-            verdict = self._liveness(keys.state, keys.alive)
+            verdict, server_ms = self._liveness(job_id)
             if verdict is None:
                 continue
-            # Entries may be in the stream that no XREAD returned yet: yield them first.
+            # Entries written before the verdict's read first (none is lost), then the
+            # verdict, resumable after them (see follow.synthetic_event).
             for event in self._range(keys.events, f"({cursor}"):
                 cursor = event.id
                 yield event
                 if ends_watch(event, ()):
                     return
-            yield synthetic_event(verdict, cursor)
+            yield synthetic_event(verdict, cursor=cursor, server_ms=server_ms, wall=time.time())
             return
 
     def _range(self, key: str, start: str) -> list[Event]:
         return [decode_event(eid, raw) for eid, raw in self._redis.xrange(key, start, "+")]
 
-    def _liveness(self, state_key: str, alive_key: str) -> JobState | None:
-        pipe = self._redis.pipeline(transaction=False)
-        for command in liveness_commands(state_key, alive_key):
-            pipe.execute_command(*command)
-        status, pttl = pipe.execute(raise_on_error=False)
-        return liveness_verdict(status, pttl)
+    def _liveness(self, job_id: str) -> tuple[JobState | None, int | None]:
+        """The liveness check (``follow.verdict_of``) on a fresh read of the snapshot, and the
+        server's time of that read (None where the server refuses ``TIME``: the host's clock
+        gives no resumable id). A snapshot jobpulse cannot read says nothing, as in the hub."""
+        try:
+            status = self._get(job_id, None, fresh=True)
+        except ProtocolError:
+            return None, None
+        server_ms = status.server_ms if self._time.command() is not None else None
+        return verdict_of(status.state), server_ms

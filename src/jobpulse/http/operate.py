@@ -1,12 +1,15 @@
 """The operator's routes: ``GET /metrics`` (Prometheus) and ``POST /jobs/{job_id}/cancel``.
 
-Both go through the app's ``authorize(request, job_id)`` hook: ``/metrics`` asks it with the
-job id ``""`` (no job), the cancel route with the job's id and ``request.method == "POST"``, so
-a hook can allow reading a job and refuse cancelling it. ``POST .../cancel?dry_run=1`` asks the
-hook and cancels nothing: the dashboard shows its cancel button only when that answers 200.
+With an operator token (``create_app(token=...)``, ``jobpulse serve --token``) both answer 401
+with ``WWW-Authenticate: Bearer`` unless the request carries ``Authorization: Bearer <token>``,
+before anything else is looked at. Then both go through the app's ``authorize(request, job_id)``
+hook: ``/metrics`` asks it with the job id ``""`` (no job), the cancel route with the job's id
+and ``request.method == "POST"``, so a hook can allow reading a job and refuse cancelling it.
+``POST .../cancel?dry_run=1`` asks the token check and the hook and cancels nothing: the
+dashboard shows its cancel button only when that answers 200.
 
-The app (``app.py``) hands each route what it needs (the hook, the reader); this module knows
-nothing of the app, and answers a failed Redis call through the one error map
+The app (``app.py``) hands each route what it needs (the token, the hook, the reader); this
+module knows nothing of the app, and answers a failed Redis call through the one error map
 (``responses.failure``).
 """
 
@@ -21,6 +24,7 @@ from .._protocol.keys import check_job_id
 from .._reader.reader import StatusReader, client_of
 from .._recovery.control import request_cancel
 from ..errors import InvalidJobId
+from .auth import bearer_allows
 from .responses import error, failure, json
 
 __all__ = ["Allowed", "cancel", "metrics"]
@@ -30,14 +34,30 @@ _SUFFIX = "/cancel"
 Allowed = Callable[[Request, str], Awaitable[bool]]
 """The app's ``authorize`` hook, awaited: ``allowed(request, job_id)``."""
 
-
 _NO_STORE = {"cache-control": "no-store"}
 
 
+def _unauthenticated(token: bytes | None, request: Request) -> Response | None:
+    """401 when the app has a token and the request does not carry it, else None."""
+    if bearer_allows(request.headers.get("authorization"), token):
+        return None
+    response = error(401, "unauthorized: this route needs the operator token")
+    response.headers["www-authenticate"] = 'Bearer realm="jobpulse"'
+    return response
+
+
 async def metrics(
-    request: Request, allowed: Allowed, reader: StatusReader, *, index_shards: int
+    request: Request,
+    allowed: Allowed,
+    reader: StatusReader,
+    *,
+    token: bytes | None,
+    index_shards: int,
 ) -> Response:
     """``GET /metrics``: the census of the namespace and this process's worker counters."""
+    refused = _unauthenticated(token, request)
+    if refused is not None:
+        return refused
     if not await allowed(request, ""):
         return error(403, "forbidden")
     try:
@@ -53,16 +73,21 @@ async def metrics(
     return Response(body, media_type=CONTENT_TYPE, headers=_NO_STORE)
 
 
-async def cancel(request: Request, allowed: Allowed, reader: StatusReader) -> Response:
+async def cancel(
+    request: Request, allowed: Allowed, reader: StatusReader, *, token: bytes | None
+) -> Response:
     """``POST /jobs/{job_id}/cancel``: ask the job's worker to stop (``request_cancel``).
 
     Answers 200 ``{"cancelled": true}`` when the request is recorded, 409 when the job is not
-    running, 403 when ``authorize`` refuses, 400 for an invalid id; with ``?dry_run=1``,
-    200 ``{"allowed": true}`` and nothing cancelled.
+    running, 401 without the operator token, 403 when ``authorize`` refuses, 400 for an invalid
+    id; with ``?dry_run=1``, 200 ``{"allowed": true}`` and nothing cancelled.
     """
     rest: str = request.path_params["rest"]
     if not rest.endswith(_SUFFIX):
         return error(405, "method not allowed")
+    refused = _unauthenticated(token, request)
+    if refused is not None:
+        return refused
     job_id = rest[: -len(_SUFFIX)]
     try:
         check_job_id(job_id)
