@@ -1,8 +1,10 @@
 """A taskiq worker process for the tests: ``python -m tests.integrations.taskiq_worker URL QUEUE
-NAMESPACE MODE IDLE_MS`` where MODE is ``jobpulse`` (instrumented, interval 0.25 s, ttl 1 s) or
-``plain``, on a taskiq-redis ``RedisStreamBroker`` of stream QUEUE whose ``idle_timeout`` is
-IDLE_MS. Prints ``ready`` once its consumer group exists. Every task INCRs the counter key it is
-given when it starts, so the tests count executions."""
+NAMESPACE MODE IDLE_MS [MAX_TASKS]`` where MODE is ``jobpulse`` (instrumented, interval 0.25 s,
+ttl 1 s) or ``plain``, on a taskiq-redis ``RedisStreamBroker`` of stream QUEUE whose
+``idle_timeout`` is IDLE_MS, running at most MAX_TASKS tasks at once (taskiq's default, 100,
+when not given; the broker's read-ahead, ``xread_count``, stays at its default). Prints ``ready``
+once its consumer group exists. Every task INCRs the counter key it is given when it starts, so
+the tests count executions."""
 
 from __future__ import annotations
 
@@ -18,6 +20,7 @@ import jobpulse
 from jobpulse.integrations.taskiq import instrument
 
 URL, QUEUE, NAMESPACE, MODE, IDLE_MS = sys.argv[1:6]
+MAX_TASKS = int(sys.argv[6]) if len(sys.argv) > 6 else 100
 
 broker = RedisStreamBroker(
     URL, queue_name=QUEUE, idle_timeout=int(IDLE_MS), xread_block=200
@@ -56,6 +59,16 @@ async def sleeper(counter: str, seconds: float) -> str:
     return "slept"
 
 
+@broker.task(task_name="gated")
+async def gated(counter: str, gate: str, after: float) -> str:
+    """Runs until the key ``gate`` exists, then ``after`` seconds more."""
+    await _count(counter)
+    while not await _counter[0].exists(gate):
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(after)
+    return "opened"
+
+
 @broker.task(task_name="resumable")
 async def resumable(counter: str, marker: str) -> Any:
     """First attempt: checkpoint, then run until killed. A later attempt returns resume_from."""
@@ -81,7 +94,7 @@ async def main() -> None:
     broker.is_worker_process = True
     await broker.startup()
     print("ready", flush=True)
-    await run_receiver_task(broker, run_startup=False)
+    await run_receiver_task(broker, run_startup=False, max_async_tasks=MAX_TASKS)
 
 
 if __name__ == "__main__":

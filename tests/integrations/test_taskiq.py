@@ -199,3 +199,85 @@ async def test_without_the_integration_tasks_run_and_current_is_none(
     result = await task.wait_result(timeout=10)
     assert result.return_value == "none"
     assert (await reader.get(task.task_id)).state is JobState.UNKNOWN
+
+
+async def _pending_by_consumer(redis: aioredis.Redis, stream: str) -> dict[str, int]:
+    """How many entries of the stream's consumer group are pending, per consumer."""
+    summary = await redis.xpending(stream, "taskiq")
+    return {c["name"].decode(): int(c["pending"]) for c in summary["consumers"] or []}
+
+
+async def test_entries_read_ahead_while_a_slot_is_busy_run_once(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    redis: aioredis.Redis,
+    kicker: Callable[[str], Awaitable[Kick]],
+) -> None:
+    # One slot (max_async_tasks=1) and taskiq-redis's default read-ahead (xread_count=100): the
+    # first worker holds t1's entry while t0 runs. idle_timeout=1000 ms; a second worker's reads
+    # XAUTOCLAIM entries idle that long. Every delivery the first worker holds stays fresh.
+    queue = f"{ns}-q"
+    spawn(WORKER, redis_url, queue, ns, "jobpulse", "1000", "1")
+    kick = await kicker(queue)
+    t0 = await kick("sleeper", f"{ns}:t0", 3)
+    t1 = await kick("sleeper", f"{ns}:t1", 1)
+
+    async def both_held_by_one_consumer() -> bool:
+        return sorted((await _pending_by_consumer(redis, queue)).values()) == [2]
+
+    await eventually(both_held_by_one_consumer, within=5)
+    spawn(WORKER, redis_url, queue, ns, "jobpulse", "1000")
+
+    for task in (t0, t1):
+        result = await _result_nudging(task, kick, counter=f"{ns}:probes")
+        assert (result.is_err, result.return_value) == (False, "slept")
+
+    async def all_acknowledged() -> bool:
+        return sum((await _pending_by_consumer(redis, queue)).values()) == 0
+
+    await eventually(all_acknowledged, within=5)
+    assert (await _runs(redis, f"{ns}:t0"), await _runs(redis, f"{ns}:t1")) == (1, 1)
+
+
+async def test_a_duplicate_delivery_of_a_live_task_never_runs_its_body(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    redis: aioredis.Redis,
+    kicker: Callable[[str], Awaitable[Kick]],
+    reader: StatusReader,
+) -> None:
+    # A second message with the same task id while the first runs. The first run ends 1 s after
+    # the gate opens, inside the ttl + interval (1.25 s) a duplicate used to wait for ANY holder
+    # (it then took the free lease and ran the whole task again, attempt 2).
+    queue, counter, gate = f"{ns}-q", f"{ns}:runs", f"{ns}:gate"
+    spawn(WORKER, redis_url, queue, ns, "jobpulse", "60000")
+    kick = await kicker(queue)
+    first = await kick("gated", counter, gate, 1.0)
+
+    async def running() -> bool:
+        return (await reader.get(first.task_id)).state is JobState.RUNNING
+
+    await eventually(running, within=10)
+    broker = RedisStreamBroker(redis_url, queue_name=queue)
+    await broker.startup()
+    try:
+        kicker_of = AsyncKicker(task_name="gated", broker=broker, labels={})
+        await kicker_of.with_task_id(first.task_id).kiq(counter, gate, 1.0)
+    finally:
+        await broker.shutdown()
+
+    async def both_delivered() -> bool:
+        return sum((await _pending_by_consumer(redis, queue)).values()) == 2
+
+    await eventually(both_delivered, within=5)
+    await redis.set(gate, 1)
+
+    async def all_acknowledged() -> bool:
+        return sum((await _pending_by_consumer(redis, queue)).values()) == 0
+
+    await eventually(all_acknowledged, within=10)
+    assert await _runs(redis, counter) == 1
+    done = await reader.get(first.task_id)
+    assert (done.state, done.attempt) == (JobState.COMPLETED, 1)
