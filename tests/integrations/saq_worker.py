@@ -15,6 +15,7 @@ import sys
 import time
 from typing import Any
 
+import redis
 from saq import Queue, Worker
 
 import jobpulse
@@ -73,6 +74,40 @@ def threaded(ctx: dict[str, Any], *, n: int) -> int:
     return n
 
 
+def _mark(ctx: dict[str, Any], what: str) -> None:
+    """RPUSH ``what@<wall clock ms>`` to ``<QUEUE>:marks:<job key>`` (from a task's thread)."""
+    with redis.Redis.from_url(URL) as r:
+        r.rpush(f"{QUEUE}:marks:{ctx['job'].key}", f"{what}@{int(time.time() * 1000)}")
+
+
+def orphan(ctx: dict[str, Any], *, seconds: float) -> str:
+    """A plain ``def`` body that outlives its lease: once the job must stop it waits 0.5 s (more
+    than one claim refresh may take), marks ``lost``, then goes on for ``seconds`` and marks
+    ``ended``."""
+    hb = jobpulse.current()
+    assert hb is not None
+    _mark(ctx, "start")
+    while not hb.progress.cancelled:
+        time.sleep(0.01)
+    time.sleep(0.5)
+    _mark(ctx, "lost")
+    time.sleep(seconds)
+    _mark(ctx, "ended")
+    return "orphan"
+
+
+def step(ctx: dict[str, Any], *, first: float, later: float) -> str:
+    """A plain ``def`` body of one step (``first`` seconds on attempt 1, ``later`` after; no
+    check() inside the step), then ``check()``; marks ``start`` and ``end``."""
+    hb = jobpulse.current()
+    assert hb is not None
+    _mark(ctx, "start")
+    time.sleep(first if hb.attempt == 1 else later)
+    _mark(ctx, "end")
+    hb.progress.check()
+    return "stepped"
+
+
 async def probe(ctx: dict[str, Any]) -> str:
     """What ``jobpulse.current()`` is inside a task."""
     await _count(ctx)
@@ -88,7 +123,7 @@ async def _ready_after_first_sweep(queue: Queue) -> None:
 async def main() -> None:
     settings: dict[str, Any] = {
         "queue": Queue.from_url(URL, name=QUEUE),
-        "functions": [progress, sleeper, resumable, threaded, probe],
+        "functions": [progress, sleeper, resumable, threaded, orphan, step, probe],
         "concurrency": 4,
         "timers": {"sweep": int(SWEEP), "abort": 1, "schedule": 1},
     }
