@@ -281,3 +281,35 @@ async def test_a_duplicate_delivery_of_a_live_task_never_runs_its_body(
     assert await _runs(redis, counter) == 1
     done = await reader.get(first.task_id)
     assert (done.state, done.attempt) == (JobState.COMPLETED, 1)
+
+
+async def test_a_killed_workers_read_ahead_entries_are_handed_on_and_run_once(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    redis: aioredis.Redis,
+    kicker: Callable[[str], Awaitable[Kick]],
+    reader: StatusReader,
+) -> None:
+    # The keeper lives in the worker: once it is killed, neither the running task's entry nor
+    # the one it read ahead is refreshed, and another worker runs each once.
+    queue, marker = f"{ns}-q", f"{ns}:checkpointed"
+    first = spawn(WORKER, redis_url, queue, ns, "jobpulse", "1500", "1")
+    kick = await kicker(queue)
+    t0 = await kick("resumable", f"{ns}:t0", marker)
+    t1 = await kick("sleeper", f"{ns}:t1", 0.1)
+
+    async def both_held_by_one_consumer() -> bool:
+        return sorted((await _pending_by_consumer(redis, queue)).values()) == [2]
+
+    await eventually(lambda: redis.exists(marker), within=10)
+    await eventually(both_held_by_one_consumer, within=5)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+
+    spawn(WORKER, redis_url, queue, ns, "jobpulse", "1500")
+    for task in (t0, t1):
+        result = await _result_nudging(task, kick, counter=f"{ns}:probes")
+        assert not result.is_err
+    assert (await _runs(redis, f"{ns}:t0"), await _runs(redis, f"{ns}:t1")) == (2, 1)
+    assert (await reader.get(t0.task_id)).attempt == 2
