@@ -1,6 +1,8 @@
 """A SAQ worker process for the tests: ``python -m tests.integrations.saq_worker URL QUEUE
-NAMESPACE MODE SWEEP`` where MODE is ``jobpulse`` (instrumented, interval 0.25 s, ttl 1 s) or
-``plain`` and SWEEP the seconds between SAQ's sweeps (its abort check runs every second).
+NAMESPACE MODE SWEEP`` where MODE is ``jobpulse`` (instrumented, interval 0.25 s, ttl 1 s),
+``jobpulse-slow-finish`` (the same, on a queue whose ``finish`` waits 0.5 s before it stores the
+outcome, as over a slow link) or ``plain``, and SWEEP the seconds between SAQ's sweeps (its abort
+check runs every second).
 
 Prints ``ready`` once the worker's first sweep has run. SAQ 0.26 moves a job to its active list
 and marks it ACTIVE a few round trips later; a sweep in between takes it for stuck (status not
@@ -16,7 +18,10 @@ import time
 from typing import Any
 
 import redis
+import redis.asyncio as aioredis
 from saq import Queue, Worker
+from saq.job import Job, Status
+from saq.queue.redis import RedisQueue
 
 import jobpulse
 from jobpulse.integrations.saq import instrument
@@ -114,6 +119,14 @@ async def probe(ctx: dict[str, Any]) -> str:
     return "none" if jobpulse.current() is None else "heartbeat"
 
 
+class SlowFinishQueue(RedisQueue):
+    """A Redis queue whose ``finish`` stores the outcome 0.5 s late."""
+
+    async def finish(self, job: Job, status: Status, **kwargs: Any) -> None:
+        await asyncio.sleep(0.5)
+        await super().finish(job, status, **kwargs)
+
+
 async def _ready_after_first_sweep(queue: Queue) -> None:
     while not await queue.redis.exists(f"saq:{QUEUE}:sweep"):  # the sweep's lock key
         await asyncio.sleep(0.01)
@@ -122,12 +135,16 @@ async def _ready_after_first_sweep(queue: Queue) -> None:
 
 async def main() -> None:
     settings: dict[str, Any] = {
-        "queue": Queue.from_url(URL, name=QUEUE),
+        "queue": (
+            SlowFinishQueue(aioredis.Redis.from_url(URL), name=QUEUE)
+            if MODE == "jobpulse-slow-finish"
+            else Queue.from_url(URL, name=QUEUE)
+        ),
         "functions": [progress, sleeper, resumable, threaded, orphan, step, probe],
         "concurrency": 4,
         "timers": {"sweep": int(SWEEP), "abort": 1, "schedule": 1},
     }
-    if MODE == "jobpulse":
+    if MODE.startswith("jobpulse"):
         settings = instrument(settings, interval=0.25, ttl=1.0, namespace=NAMESPACE)
     worker = Worker(**settings)
     await worker.queue.connect()

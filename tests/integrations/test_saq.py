@@ -14,7 +14,7 @@ import redis.asyncio as aioredis
 from saq import Queue
 from saq.job import Job, Status
 
-from jobpulse import JobState, StatusReader, request_cancel
+from jobpulse import JobState, JobStatus, StatusReader, request_cancel
 from jobpulse._protocol.keys import KeySchema
 from jobpulse.integrations.saq import ABORT_ERROR
 from tests.support import eventually
@@ -57,6 +57,16 @@ async def _ended(queue: Queue, key: str, within: float = 15) -> Job:
     return await eventually(ended, within=within)
 
 
+async def _jobpulse_end(reader: StatusReader, job_id: str) -> JobStatus:
+    """jobpulse's end of the job: written after SAQ stored its outcome, so wait for it."""
+
+    async def ended() -> JobStatus | None:
+        status = await reader.get(job_id)
+        return status if status.state.is_terminal else None
+
+    return await eventually(ended, within=5)
+
+
 async def _enqueue(queue: Queue, key: str, fn: str, **kwargs: Any) -> Job:
     job = await queue.enqueue(fn, key=key, timeout=0, **kwargs)
     assert job is not None
@@ -84,7 +94,7 @@ async def test_progress_is_live_then_completed_and_saq_keeps_its_result(
 
     ended = await _ended(queue, job.key)
     assert (ended.status, ended.result) == (Status.COMPLETE, {"items": 40, "job": job.key})
-    done = await reader.get(job.id)
+    done = await _jobpulse_end(reader, job.id)
     assert (done.state, done.done, done.attempt) == (JobState.COMPLETED, 40, 1)
     assert await _runs(redis, queue.name, job.key) == 1
 
@@ -97,7 +107,7 @@ async def test_a_def_task_runs_in_a_thread_with_current_set(
     job = await _enqueue(queue, f"{ns}-1", "threaded", n=20)
     ended = await _ended(queue, job.key)
     assert (ended.status, ended.result) == (Status.COMPLETE, 20)
-    done = await reader.get(job.id)
+    done = await _jobpulse_end(reader, job.id)
     assert (done.state, done.done, done.kind) == (JobState.COMPLETED, 20, "threaded")
 
 
@@ -150,7 +160,7 @@ async def test_a_killed_workers_job_is_stale_within_ttl_then_resumed_once(
     assert ended.status is Status.COMPLETE
     assert ended.result == {"resumed_from": {"step": 5}, "attempt": 2}
     assert await _runs(redis, queue.name, job.key) == 2
-    final = await reader.get(job.id)
+    final = await _jobpulse_end(reader, job.id)
     assert (final.state, final.attempt) == (JobState.COMPLETED, 2)
 
 
@@ -286,5 +296,27 @@ async def test_a_def_body_past_saqs_timeout_never_overlaps_the_retry(
     assert (ended.status, ended.result, ended.attempts) == (Status.COMPLETE, "stepped", 2)
     marks = [what for what, _ in await _marks(redis, queue.name, job.key)]
     assert marks == ["start", "end", "start", "end"]  # run 2 started after run 1's thread ended
-    done = await reader.get(job.id)
+    done = await _jobpulse_end(reader, job.id)
     assert (done.state, done.attempt) == (JobState.COMPLETED, 2)
+
+
+async def test_jobpulses_end_is_written_after_saqs_own_outcome(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    queues: Callable[[str], Queue],
+    reader: StatusReader,
+) -> None:
+    # SAQ stores COMPLETE 0.5 s after the function returned (slow finish): whoever sees
+    # jobpulse's COMPLETED and then reads SAQ finds SAQ's COMPLETE and the result already.
+    queue = queues(f"{ns}-q")
+    spawn(WORKER, redis_url, queue.name, ns, "jobpulse-slow-finish", "60")
+    job = await _enqueue(queue, f"{ns}-1", "progress", n=5)
+
+    async def completed() -> bool:
+        return (await reader.get(job.id)).state is JobState.COMPLETED
+
+    await eventually(completed, within=15)
+    stored = await queue.job(job.key)
+    assert stored is not None
+    assert (stored.status, stored.result) == (Status.COMPLETE, {"items": 5, "job": job.key})

@@ -64,6 +64,7 @@ __all__ = [
     "ClaimHold",
     "HolderView",
     "PulseOptions",
+    "hold_back",
     "holder_alive",
     "job_id_for",
     "keep_claim",
@@ -370,10 +371,16 @@ async def run_in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) ->
         hb = current()
         if hb is not None:  # cancelled from outside (a queue's timeout): check() raises now
             hb.progress._cancel()
-        while not future.done():
-            with contextlib.suppress(asyncio.CancelledError):  # re-raised below, once
-                await asyncio.wait({future})
+        await hold_back(future)
         raise
+
+
+async def hold_back(waited: asyncio.Future[Any]) -> None:
+    """Wait for ``waited`` to end, holding back every cancel of the caller meanwhile (a queue may
+    cancel again and again: SAQ's hard deadline, an anyio scope); the caller re-raises."""
+    while not waited.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({waited})
 
 
 @contextlib.contextmanager
