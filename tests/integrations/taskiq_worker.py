@@ -1,6 +1,7 @@
 """A taskiq worker process for the tests: ``python -m tests.integrations.taskiq_worker URL QUEUE
 NAMESPACE MODE IDLE_MS [MAX_TASKS]`` where MODE is ``jobpulse`` (instrumented, interval 0.25 s,
-ttl 1 s) or ``plain``, on a taskiq-redis ``RedisStreamBroker`` of stream QUEUE whose
+ttl 1 s), ``jobpulse-slow-finish`` (the same, with a result backend that saves 0.5 s late) or
+``plain``, on a taskiq-redis ``RedisStreamBroker`` of stream QUEUE whose
 ``idle_timeout`` is IDLE_MS, running at most MAX_TASKS tasks at once (taskiq's default, 100,
 when not given; the broker's read-ahead, ``xread_count``, stays at its default). Prints ``ready``
 once its consumer group exists. Every task INCRs the counter key it is given when it starts, so
@@ -13,6 +14,7 @@ import sys
 from typing import Any
 
 import redis.asyncio as aioredis
+from taskiq import TaskiqResult
 from taskiq.api import run_receiver_task
 from taskiq_redis import RedisAsyncResultBackend, RedisStreamBroker
 
@@ -22,10 +24,20 @@ from jobpulse.integrations.taskiq import instrument
 URL, QUEUE, NAMESPACE, MODE, IDLE_MS = sys.argv[1:6]
 MAX_TASKS = int(sys.argv[6]) if len(sys.argv) > 6 else 100
 
+
+class SlowResultBackend(RedisAsyncResultBackend[Any]):
+    """Saves each result 0.5 s late."""
+
+    async def set_result(self, task_id: str, result: TaskiqResult[Any]) -> None:
+        await asyncio.sleep(0.5)
+        await super().set_result(task_id, result)
+
+
+backend = SlowResultBackend if MODE == "jobpulse-slow-finish" else RedisAsyncResultBackend
 broker = RedisStreamBroker(
     URL, queue_name=QUEUE, idle_timeout=int(IDLE_MS), xread_block=200
-).with_result_backend(RedisAsyncResultBackend(URL, prefix_str=QUEUE, result_ex_time=600))
-if MODE == "jobpulse":
+).with_result_backend(backend(URL, prefix_str=QUEUE, result_ex_time=600))
+if MODE.startswith("jobpulse"):
     instrument(broker, interval=0.25, ttl=1.0, namespace=NAMESPACE)
 
 _counter: list[aioredis.Redis] = []

@@ -17,7 +17,7 @@ from taskiq import AsyncTaskiqTask, TaskiqResult
 from taskiq.kicker import AsyncKicker
 from taskiq_redis import RedisAsyncResultBackend, RedisStreamBroker
 
-from jobpulse import JobCancelled, JobState, StatusReader, request_cancel
+from jobpulse import JobCancelled, JobState, JobStatus, StatusReader, request_cancel
 from tests.support import eventually
 
 pytestmark = pytest.mark.usefixtures("queue_keys")
@@ -57,6 +57,16 @@ def reader(redis: aioredis.Redis, ns: str) -> StatusReader:
 
 async def _runs(redis: aioredis.Redis, key: str) -> int:
     return int(await redis.get(key) or 0)
+
+
+async def _jobpulse_end(reader: StatusReader, task_id: str) -> JobStatus:
+    """jobpulse's end of the task: written after taskiq saved its result, so wait for it."""
+
+    async def ended() -> JobStatus | None:
+        status = await reader.get(task_id)
+        return status if status.state.is_terminal else None
+
+    return await eventually(ended, within=5)
 
 
 async def _result_nudging(
@@ -99,7 +109,7 @@ async def test_progress_is_live_then_completed_and_taskiq_keeps_its_result(
 
     result = await task.wait_result(timeout=15)
     assert (result.is_err, result.return_value) == (False, {"items": 40})
-    done = await reader.get(task.task_id)
+    done = await _jobpulse_end(reader, task.task_id)
     assert (done.state, done.done, done.attempt) == (JobState.COMPLETED, 40, 1)
     assert await _runs(redis, counter) == 1
 
@@ -155,7 +165,7 @@ async def test_a_killed_workers_task_is_stale_within_ttl_then_resumed_once(
     result = await _result_nudging(task, kick, counter=f"{ns}:probes")
     assert result.return_value == {"resumed_from": {"step": 5}, "attempt": 2}
     assert await _runs(redis, counter) == 2
-    final = await reader.get(task.task_id)
+    final = await _jobpulse_end(reader, task.task_id)
     assert (final.state, final.attempt) == (JobState.COMPLETED, 2)
 
 
@@ -312,4 +322,27 @@ async def test_a_killed_workers_read_ahead_entries_are_handed_on_and_run_once(
         result = await _result_nudging(task, kick, counter=f"{ns}:probes")
         assert not result.is_err
     assert (await _runs(redis, f"{ns}:t0"), await _runs(redis, f"{ns}:t1")) == (2, 1)
-    assert (await reader.get(t0.task_id)).attempt == 2
+    assert (await _jobpulse_end(reader, t0.task_id)).attempt == 2
+
+
+async def test_jobpulses_end_is_written_after_taskiqs_own_result(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    kicker: Callable[[str], Awaitable[Kick]],
+    reader: StatusReader,
+) -> None:
+    # The result backend saves 0.5 s after the task returned: whoever sees jobpulse's
+    # COMPLETED and then reads taskiq finds the result already.
+    queue = f"{ns}-q"
+    spawn(WORKER, redis_url, queue, ns, "jobpulse-slow-finish", "60000")
+    kick = await kicker(queue)
+    task = await kick("progress", f"{ns}:runs", 5)
+
+    async def completed() -> bool:
+        return (await reader.get(task.task_id)).state is JobState.COMPLETED
+
+    await eventually(completed, within=15)
+    assert await task.is_ready()
+    result = await task.get_result()
+    assert (result.is_err, result.return_value) == (False, {"items": 5})

@@ -32,10 +32,12 @@ from typing import Any
 
 import anyio
 from redis.asyncio import Redis
-from taskiq import AsyncBroker, TaskiqMessage, TaskiqMiddleware
+from taskiq import AsyncBroker, TaskiqMessage, TaskiqMiddleware, TaskiqResult
 from taskiq_redis import RedisStreamBroker
 
-from ._common import WRAPPED, ClaimHold, PulseOptions, keep_claim, pulse, run_in_thread
+from .._worker.heartbeat import JobHeartbeat
+from ._common import WRAPPED, ClaimHold, PulseOptions, keep_claim, run_in_thread
+from ._settle import SettledRun
 
 __all__ = ["JobpulseMiddleware", "instrument"]
 
@@ -74,6 +76,7 @@ class JobpulseMiddleware(TaskiqMiddleware):
         self.redis: Any = options.redis  # jobpulse's client
         self.queue_redis: Any = None  # the broker's Redis (its stream)
         self.keeper: _DeliveryKeeper | None = None
+        self._settling: dict[int, SettledRun] = {}  # by the message's id(): see settling()
         # The keeper's refresh loop, owned by this stack from startup to shutdown (the middleware
         # hooks are the only scope taskiq gives a worker-wide task).
         self._stack = contextlib.AsyncExitStack()
@@ -102,6 +105,23 @@ class JobpulseMiddleware(TaskiqMiddleware):
         """Remember the message for the task's wrapper."""
         _MESSAGE.set(message)
         return message
+
+    def settling(self, message: TaskiqMessage, run: SettledRun) -> None:
+        """Hold ``run``'s heartbeat end until taskiq saved the message's result."""
+        key = id(message)  # post_save gets this very message object
+        self._settling[key] = run
+
+        def forget(_: object) -> None:
+            if self._settling.get(key) is run:
+                del self._settling[key]
+
+        run.host.add_done_callback(forget)
+
+    async def post_save(self, message: TaskiqMessage, result: TaskiqResult[Any]) -> None:
+        """taskiq saved the task's result: the heartbeat writes its end now."""
+        run = self._settling.pop(id(message), None)
+        if run is not None:
+            await run.finished()
 
 
 def instrument(
@@ -158,35 +178,34 @@ def _wrap(fn: Callable[..., Any], name: str, middleware: JobpulseMiddleware) -> 
         keeper = middleware.keeper
         task_id = message.task_id
 
-        async def pulsed() -> Any:
-            async with pulse(middleware.options, middleware.redis, task_id, name, None) as hb:
-                if keeper is None:
-                    return await _call(fn, is_async, args, kwargs)
-                with keeper.running(task_id, lambda: hb.lease_held):
-                    return await _call(fn, is_async, args, kwargs)
+        async def body(hb: JobHeartbeat) -> Any:
+            if keeper is None:
+                return await _call(fn, is_async, args, kwargs)
+            with keeper.running(task_id, lambda: hb.lease_held):
+                return await _call(fn, is_async, args, kwargs)
 
-        return await _ended(asyncio.get_running_loop().create_task(pulsed()))
+        options = middleware.options
+        settled = SettledRun(
+            options, middleware.redis, task_id, name, None, body, settle=True, wait=options.ttl
+        )
+        middleware.settling(message, settled)
+        return await settled.result(_shielded)
 
     setattr(run, WRAPPED, True)
     return run
 
 
-async def _ended(job: asyncio.Task[Any]) -> Any:
-    """Wait for the task's own asyncio task (body and heartbeat) to end, and pass its outcome on.
+async def _shielded(host: asyncio.Task[Any]) -> None:
+    """Wait for the task's host (body and heartbeat) to end after a cancel.
 
     taskiq's ``timeout`` label cancels through an anyio cancel scope, which cancels the task
     again at every ``await`` until it leaves the scope: the heartbeat's final write would be
     cancelled too (the job left STALE instead of CANCELLED). So the body runs in a task of its
-    own; a cancellation of this one cancels it once and waits, shielded, for its heartbeat to
-    write the end, then goes on.
+    own (:class:`SettledRun`); a cancellation of this one cancels it once and waits, shielded,
+    for its heartbeat to write the end, then goes on.
     """
-    try:
-        return await asyncio.shield(job)
-    except asyncio.CancelledError:
-        job.cancel()
-        with anyio.CancelScope(shield=True):
-            await asyncio.wait({job})
-        raise
+    with anyio.CancelScope(shield=True):
+        await asyncio.wait({host})
 
 
 async def _call(fn: Callable[..., Any], is_async: bool, args: Any, kwargs: Any) -> Any:
