@@ -122,7 +122,8 @@ def instrument(
     Use it as a class decorator (``@instrument``) or call it
     (``WorkerSettings = instrument(WorkerSettings, ttl=10)``); a settings ``dict`` is returned as
     a new dict. ``allow_abort_jobs`` is set to True unless the settings set it. ``cron_jobs`` are
-    not instrumented.
+    not instrumented. An ``on_job_start`` and an ``after_job_end`` hook are called before the
+    settings' own: the heartbeat's end is written after arq stored the job's result.
 
     Args:
         settings: an arq ``WorkerSettings`` class or dict.

@@ -137,7 +137,9 @@ def instrument(
     """Instrument SAQ worker settings: every function in ``functions`` runs under a heartbeat.
 
     Returns a new settings dict (``saq module.settings`` and ``Worker(**settings)`` take it
-    as before). ``cron_jobs`` are not instrumented.
+    as before). ``cron_jobs`` are not instrumented. A ``before_process`` and an
+    ``after_process`` hook are put before the settings' own: the heartbeat's end is written
+    after SAQ stored the job's outcome.
 
     Args:
         settings: SAQ settings (a dict with ``queue`` and ``functions``).
