@@ -72,6 +72,9 @@ class SettledRun:
         self._wait = wait
         run = self._host(options, redis, queue_job_id, task_name, refresh, body)
         self.host: asyncio.Task[Any] = loop.create_task(run)
+        # What the host raised reached the queue through the outcome, or is logged by
+        # finished(): never "Task exception was never retrieved" when no hook comes.
+        self.host.add_done_callback(_retrieved)
 
     async def result(self, hold: Callable[[asyncio.Task[Any]], Awaitable[None]] = hold_back) -> Any:
         """The body's outcome (its value, or what it or the heartbeat raised), as soon as it is
@@ -155,3 +158,8 @@ class SettledRun:
             with contextlib.suppress(asyncio.CancelledError, TimeoutError):
                 async with asyncio.timeout(deadline - loop.time()):
                     await self._stored.wait()
+
+
+def _retrieved(task: asyncio.Task[Any]) -> None:
+    if not task.cancelled():
+        task.exception()
