@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from typing import Any
 
+import redis
 import redis.asyncio as aioredis
 from taskiq import TaskiqResult
 from taskiq.api import run_receiver_task
@@ -79,6 +81,22 @@ async def gated(counter: str, gate: str, after: float) -> str:
         await asyncio.sleep(0.02)
     await asyncio.sleep(after)
     return "opened"
+
+
+@broker.task(task_name="orphan")
+def orphan(counter: str, lost: str, ended: str, seconds: float) -> str:
+    """A plain ``def`` body that outlives its lease: once the job must stop it sets ``lost``,
+    goes on for ``seconds``, then sets ``ended``."""
+    hb = jobpulse.current()
+    assert hb is not None
+    with redis.Redis.from_url(URL) as r:
+        r.incr(counter)
+        while not hb.progress.cancelled:
+            time.sleep(0.01)
+        r.set(lost, 1)
+        time.sleep(seconds)
+        r.set(ended, 1)
+    return "orphan"
 
 
 @broker.task(task_name="resumable")

@@ -18,6 +18,7 @@ from taskiq.kicker import AsyncKicker
 from taskiq_redis import RedisAsyncResultBackend, RedisStreamBroker
 
 from jobpulse import JobCancelled, JobState, JobStatus, StatusReader, request_cancel
+from jobpulse._protocol.keys import KeySchema
 from tests.support import eventually
 
 pytestmark = pytest.mark.usefixtures("queue_keys")
@@ -346,3 +347,34 @@ async def test_jobpulses_end_is_written_after_taskiqs_own_result(
     assert await task.is_ready()
     result = await task.get_result()
     assert (result.is_err, result.return_value) == (False, {"items": 5})
+
+
+async def test_the_entry_of_a_task_that_lost_its_lease_is_no_longer_refreshed(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    redis: aioredis.Redis,
+    kicker: Callable[[str], Awaitable[Kick]],
+    reader: StatusReader,
+) -> None:
+    # Another attempt takes the lease over; the worker's next beat learns it (LeaseLost): the
+    # def body's thread cannot be stopped and runs 3 s more. Its stream entry must go idle
+    # (another worker's XAUTOCLAIM may hand it on) while the thread still runs.
+    queue, lost, ended = f"{ns}-q", f"{ns}:lost", f"{ns}:ended"
+    spawn(WORKER, redis_url, queue, ns, "jobpulse", "60000")
+    kick = await kicker(queue)
+    task = await kick("orphan", f"{ns}:runs", lost, ended, 3.0)
+
+    async def running() -> bool:
+        return (await reader.get(task.task_id)).state is JobState.RUNNING
+
+    await eventually(running, within=10)
+    await redis.set(KeySchema(ns).job(task.task_id).lease, "another-attempt", px=30_000)
+    await eventually(lambda: redis.exists(lost), within=5)
+
+    async def idle_for_a_second() -> bool:
+        assert not await redis.exists(ended)  # the orphaned thread still runs
+        entries = await redis.xpending_range(queue, "taskiq", "-", "+", 10)
+        return any(e["time_since_delivered"] >= 1000 for e in entries)
+
+    await eventually(idle_for_a_second, within=5)
