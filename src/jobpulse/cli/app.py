@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_serve,
         "Serve GET /jobs/{id}, its SSE events, the dashboard and GET /metrics over HTTP "
         '(needs "jobpulse[http]"; /metrics needs "jobpulse[prometheus]").',
-        "jobpulse serve --port 8000   (beyond loopback: set JOBPULSE_TOKEN first, see docs/security.md)",
+        "jobpulse serve --port 8000    (beyond loopback: set JOBPULSE_TOKEN, see docs/security.md)",
     )
     p.add_argument(
         "--host",
