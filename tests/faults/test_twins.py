@@ -28,9 +28,8 @@ from jobpulse._worker.sync_heartbeat import SyncHeartbeat
 from .conftest import Proxied
 from .test_shells import SHELLS, run_job
 
-# What only one shell has, and why (docs/sync.md): a sync body cannot be interrupted, so it asks
-# whether the lease is still held, and a blocking checkpoint takes a timeout.
-ONLY_SYNC = {"lease_held"}
+# What only one shell has, and why (docs/sync.md): a blocking checkpoint takes a timeout.
+ONLY_SYNC: set[str] = set()
 EXTRA_PARAMETERS = {"checkpoint": {"timeout"}}
 
 

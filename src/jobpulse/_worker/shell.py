@@ -128,6 +128,13 @@ class Shell(Generic[H]):
         """The current stage (``""`` before the first :meth:`set_stage`)."""
         return self._m.stage
 
+    @property
+    def lease_held(self) -> bool:
+        """True while this worker holds the job's lease: not lost, and its deadline (by the
+        local monotonic clock) not passed. A queue integration refreshes the queue's own claim
+        only while this holds."""
+        return self._m.lease.held_at(self._clock())
+
     def set_stage(self, name: str) -> None:
         """Name the current stage; the next beat records it (a ``stage`` stream entry).
 

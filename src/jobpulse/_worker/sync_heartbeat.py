@@ -55,14 +55,6 @@ class SyncHeartbeat(Shell["_Handle"]):
     # -- public API --------------------------------------------------------------------------
 
     @property
-    def lease_held(self) -> bool:
-        """True while this worker holds the job's lease: not lost, and its deadline (by the
-        local monotonic clock) not passed. A queue integration refreshes the queue's own claim
-        only while this holds."""
-        lease = self._m.lease
-        return lease.lost is None and lease.deadline > self._clock()
-
-    @property
     def cancelled(self) -> bool:
         """True once the job must stop: a cancel was requested, or the lease is lost (also
         when its deadline passed while the beat thread waited on Redis for a beat sent in
