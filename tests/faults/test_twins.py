@@ -72,14 +72,20 @@ async def _outcome(job: asyncio.Task[Any], proxied: Proxied, job_id: str) -> Out
     return Outcome(status, raised, cause)
 
 
-def _until_stopped(started: threading.Event) -> Callable[[Any], None]:
+async def _stoppable(shell: str, proxied: Proxied, **options: Any) -> asyncio.Task[Any]:
+    """A job (named after the shell) whose body waits until its heartbeat says stop, then
+    checks; returned once the body runs."""
+    started = threading.Event()
+
     def body(hb: Any) -> None:
         started.set()
         while not hb.cancelled:
             time.sleep(0.01)
         hb.check()
 
-    return body
+    job = asyncio.create_task(run_job(shell, proxied.proxy.url, shell, body, **options))
+    await asyncio.to_thread(started.wait, 10)
+    return job
 
 
 async def _completes(shell: str, proxied: Proxied) -> Outcome:
@@ -96,32 +102,19 @@ async def _crash_in_the_body(shell: str, proxied: Proxied) -> Outcome:
 
 
 async def _stolen_lease(shell: str, proxied: Proxied) -> Outcome:
-    started = threading.Event()
-    body = _until_stopped(started)
-    job = asyncio.create_task(
-        run_job(shell, proxied.proxy.url, shell, body, interval=0.05, ttl=1.0)
-    )
-    await asyncio.to_thread(started.wait, 10)
+    job = await _stoppable(shell, proxied, interval=0.05, ttl=1.0)
     await proxied.direct.set(KeySchema("jobpulse").job(shell).lease, "thief", px=5000)
     return await _outcome(job, proxied, shell)
 
 
 async def _cancel_request(shell: str, proxied: Proxied) -> Outcome:
-    started = threading.Event()
-    body = _until_stopped(started)
-    job = asyncio.create_task(
-        run_job(shell, proxied.proxy.url, shell, body, interval=0.05, ttl=1.0)
-    )
-    await asyncio.to_thread(started.wait, 10)
+    job = await _stoppable(shell, proxied, interval=0.05, ttl=1.0)
     assert await request_cancel(proxied.direct, shell) is True
     return await _outcome(job, proxied, shell)
 
 
 async def _redis_down_past_ttl(shell: str, proxied: Proxied) -> Outcome:
-    started = threading.Event()
-    body = _until_stopped(started)
-    job = asyncio.create_task(run_job(shell, proxied.proxy.url, shell, body, interval=0.1, ttl=1.0))
-    await asyncio.to_thread(started.wait, 10)
+    job = await _stoppable(shell, proxied, interval=0.1, ttl=1.0)
     proxied.proxy.blackhole = True  # until the job is over: the LOST record cannot land
     return await _outcome(job, proxied, shell)
 
