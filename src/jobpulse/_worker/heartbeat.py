@@ -63,15 +63,6 @@ class JobHeartbeat(Shell["asyncio.Future[None]"]):
 
     # -- public API --------------------------------------------------------------------------
 
-    @property
-    def cancelled(self) -> bool:
-        """True once the job must stop (a cancel request, a lost lease, or the end)."""
-        return self.progress.cancelled
-
-    def check(self) -> None:
-        """Raise ``JobCancelled`` once the job must stop (as ``progress.check()``)."""
-        self.progress.check()
-
     async def checkpoint(self, **details: Any) -> None:
         """Force a beat now that records ``details`` (JSON) as a ``checkpoint`` stream entry.
 

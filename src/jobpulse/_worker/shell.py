@@ -15,7 +15,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from .._protocol.calls import BeatReply
 from .._protocol.ratelimit import RateLimitedLog
-from ..errors import LeaseLost, LeaseLostCause
+from ..errors import JobCancelled, LeaseLost, LeaseLostCause
 from .lease import Lease
 from .machine import BeatMachine, ReplyVerdict
 from .options import HeartbeatSpec
@@ -134,6 +134,28 @@ class Shell(Generic[H]):
         local monotonic clock) not passed. A queue integration refreshes the queue's own claim
         only while this holds."""
         return self._m.lease.held_at(self._clock())
+
+    @property
+    def cancelled(self) -> bool:
+        """True once the job must stop: a cancel was requested, the lease is lost, or the job
+        ended. Also as soon as the lease's deadline passed although a beat was sent in time
+        (Redis did not answer), before the lease timer or a blocked beat thread says so; a
+        deadline passed with no beat sent is a late worker, whose next beat takes the lease
+        back if nobody claimed it."""
+        if self.progress.cancelled:
+            return True
+        return self._in_body and self._m.lease.overdue(self._clock())
+
+    def check(self) -> None:
+        """Raise :class:`~jobpulse.JobCancelled` once the job must stop (:attr:`cancelled`).
+
+        The asyncio shell also cancels its body; a sync body cannot be interrupted and must
+        call this (or ``progress.check()``) between units of work. ``JobCancelled`` leaving the
+        block ends the job CANCELLED on a cancel request; on a lost lease the exit raises
+        ``LeaseLost`` instead.
+        """
+        if self.cancelled:
+            raise JobCancelled(f"job {self.job_id!r} must stop")
 
     def set_stage(self, name: str) -> None:
         """Name the current stage; the next beat records it (a ``stage`` stream entry).

@@ -21,7 +21,6 @@ from typing import Any, TypeVar, Unpack
 
 from .._protocol import calls
 from .._protocol.clients import SyncClient
-from ..errors import JobCancelled
 from .current import enter_current, leave_current
 from .life import Command, Send, Sleep, Stepper, Steps, acquire_steps, final_steps
 from .options import HeartbeatOptions, HeartbeatSpec
@@ -53,26 +52,6 @@ class SyncHeartbeat(Shell["_Handle"]):
         self._entered = False
 
     # -- public API --------------------------------------------------------------------------
-
-    @property
-    def cancelled(self) -> bool:
-        """True once the job must stop: a cancel was requested, or the lease is lost (also
-        when its deadline passed while the beat thread waited on Redis for a beat sent in
-        time; a deadline passed with no beat sent is a late worker, whose next beat takes the
-        lease back if nobody claimed it)."""
-        if self.progress.cancelled:
-            return True
-        return self._in_body and self._m.lease.overdue(self._clock())
-
-    def check(self) -> None:
-        """Raise :class:`~jobpulse.JobCancelled` once the job must stop.
-
-        A sync body cannot be interrupted: call this (or ``progress.check()``) between units of
-        work. ``JobCancelled`` leaving the ``with`` block ends the job CANCELLED on a cancel
-        request; on a lost lease the exit raises ``LeaseLost`` instead.
-        """
-        if self.cancelled:
-            raise JobCancelled(f"job {self.job_id!r} must stop")
 
     def checkpoint(self, timeout: float | None = None, **details: Any) -> bool:
         """Send a beat now that records ``details`` (JSON) as a ``checkpoint`` stream entry.
