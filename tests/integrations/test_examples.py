@@ -1,0 +1,101 @@
+"""Every queue example runs both ways its docstring says, as written there: the script alone, and
+the production commands (the queue's own worker command in one process, ``--send`` in another,
+then ``jobpulse watch`` on the printed id, which exits 0 once the job COMPLETED).
+
+The commands are read from the docstrings, so the docs and this test cannot drift apart. Each test
+has a Redis of its own (``REDIS_URL`` points the example at it), so the examples' fixed queue
+names and the default namespace are the test's alone.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import re
+import shlex
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+import redis
+
+from jobpulse import JobState
+from jobpulse._provision import RedisServer
+from jobpulse.sync import StatusReader
+from tests.support import ROOT
+
+BIN = Path(sys.executable).parent
+ROWS = "10"  # 0.05 s a row: half a second of work per job
+
+QUEUES = ("arq", "saq", "taskiq", "dramatiq", "rq", "celery")
+
+
+def commands(example: str) -> tuple[list[str], list[list[str]]]:
+    """The docstring's one-process command and its production commands, in order (an indented
+    line is a command; a trailing ``# ...`` is a comment)."""
+    doc = ast.get_docstring(ast.parse((ROOT / "examples" / f"{example}_example.py").read_text()))
+    assert doc is not None
+    lines = [re.split(r"\s{2,}#", line)[0].strip() for line in doc.splitlines()]
+    lines = [line for line, raw in zip(lines, doc.splitlines(), strict=True) if raw[:4] == "    "]
+    first, *production = (shlex.split(line) for line in lines)
+    return first, production
+
+
+def argv(words: list[str], env: dict[str, str]) -> list[str]:
+    """A documented command as this venv runs it: ``python`` is this interpreter, a console script
+    is this venv's, ``$REDIS_URL`` is expanded."""
+    words = [os.path.expandvars(w) if "$" in w else w for w in words]
+    head = sys.executable if words[0] == "python" else str(BIN / words[0])
+    return [head, *[env["REDIS_URL"] if w == "$REDIS_URL" else w for w in words[1:]]]
+
+
+def run(words: list[str], env: dict[str, str], timeout: float = 90.0) -> str:
+    result = subprocess.run(
+        argv(words, env), cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
+    )
+    assert result.returncode == 0, (words, result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr, result.stderr
+    return result.stdout
+
+
+@pytest.fixture
+def own_redis() -> Iterator[dict[str, str]]:
+    """The environment of a test with a Redis of its own (``REDIS_URL``)."""
+    server = RedisServer().start()
+    try:
+        yield {**os.environ, "REDIS_URL": server.url}
+    finally:
+        server.close()
+
+
+@pytest.mark.parametrize("example", QUEUES)
+def test_the_script_runs_a_job_to_completed(example: str, own_redis: dict[str, str]) -> None:
+    first, _ = commands(example)
+    assert first == ["python", f"examples/{example}_example.py"]
+    out = run([*first, "--rows", ROWS], own_redis)
+    assert f"COMPLETED aggregate  {ROWS}/{ROWS}" in out.splitlines(), out
+
+
+@pytest.mark.parametrize("example", QUEUES)
+def test_the_production_commands_run_a_job_sent_from_another_process(
+    example: str,
+    own_redis: dict[str, str],
+    session_procs: Callable[..., subprocess.Popen[bytes]],
+) -> None:
+    _, (worker, send, watch) = commands(example)
+    assert send == ["python", f"examples/{example}_example.py", "--send"]
+    assert watch[:2] == ["jobpulse", "watch"]
+    session_procs(argv(worker, own_redis), own_redis)
+    job_id = run([*send, "--rows", ROWS], own_redis).strip().splitlines()[-1]
+    # watch waits for the job to start (the worker may still be starting), exits 0 on COMPLETED
+    run([*watch[:2], job_id, "--start-timeout", "60"], own_redis, timeout=120)
+    client = redis.Redis.from_url(own_redis["REDIS_URL"])
+    try:
+        status = StatusReader(client).get(job_id)
+    finally:
+        client.close()
+    assert (status.state, status.done, status.total) == (JobState.COMPLETED, int(ROWS), int(ROWS))
+    # the kind: the task's name (RQ names a function by its import path)
+    assert status.kind == ("examples.rq_example.report" if example == "rq" else "report")
