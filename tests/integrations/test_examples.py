@@ -99,3 +99,22 @@ def test_the_production_commands_run_a_job_sent_from_another_process(
     assert (status.state, status.done, status.total) == (JobState.COMPLETED, int(ROWS), int(ROWS))
     # the kind: the task's name (RQ names a function by its import path)
     assert status.kind == ("examples.rq_example.report" if example == "rq" else "report")
+
+
+def test_the_dramatiq_page_snippets_run_as_written(own_redis: dict[str, str]) -> None:
+    """docs/integrations/dramatiq.md: the install snippet, then the complete actor, sending its
+    message (no worker): declared with ``store_results=True``, it needs the Results middleware
+    the install snippet adds."""
+    page = (ROOT / "docs" / "integrations" / "dramatiq.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", page, flags=re.DOTALL)[:2]
+    code = "\n".join(blocks).replace("redis://localhost:6379/0", own_redis["REDIS_URL"])
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT, env=own_redis, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert result.returncode == 0, result.stderr
+    client = redis.Redis.from_url(own_redis["REDIS_URL"])
+    try:
+        assert client.hlen("dramatiq:default.msgs") == 1  # the message waits for a worker
+    finally:
+        client.close()
