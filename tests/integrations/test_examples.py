@@ -118,3 +118,8 @@ def test_the_dramatiq_page_snippets_run_as_written(own_redis: dict[str, str]) ->
         assert client.hlen("dramatiq:default.msgs") == 1  # the message waits for a worker
     finally:
         client.close()
+
+
+def test_the_process_pool_demo_runs_its_job_to_completed(own_redis: dict[str, str]) -> None:
+    out = run(["python", "examples/process_pool_demo.py", "--items", "20"], own_redis)
+    assert out.splitlines()[-1] == "final status: COMPLETED", out
