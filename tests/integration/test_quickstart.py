@@ -1,13 +1,16 @@
 """docs/quickstart.md runs top to bottom as written: its script, extracted from the page, runs
 its job to COMPLETED under the ``spawn`` start method (macOS and Windows) and ``fork`` (Linux up
-to 3.13), and ``jobpulse status`` then shows it, as the page says."""
+to 3.13), and ``jobpulse status`` then shows it; ``jobpulse cancel`` ends it CANCELLED; killed,
+it turns STALE and stays so until ``jobpulse sweep`` claims it (LOST), as the page says."""
 
 from __future__ import annotations
 
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -70,3 +73,71 @@ def test_the_quickstart_script_runs_as_written(
     )  # fmt: skip
     assert shown.returncode == 0, shown
     assert "COMPLETED" in shown.stdout
+
+
+def jobpulse(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "jobpulse", *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+
+
+def start_long_job(env: dict[str, str], tmp_path: Path) -> subprocess.Popen[str]:
+    """The page's script with its default 30 s job, once the job is RUNNING."""
+    script = tmp_path / "quickstart.py"
+    script.write_text(quickstart_script())
+    proc = subprocess.Popen(
+        [sys.executable, str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True
+    )
+    client = redis.Redis.from_url(env["REDIS_URL"])
+    try:
+        reader = StatusReader(client, cache_ttl=0)
+        deadline = time.monotonic() + 60
+        while reader.get("report-42").state is not JobState.RUNNING:
+            assert proc.poll() is None, "the script ended before its job ran"
+            assert time.monotonic() < deadline, "the job never ran"
+            time.sleep(0.05)
+    finally:
+        client.close()
+    return proc
+
+
+def test_jobpulse_cancel_ends_the_quickstart_job_cancelled(
+    own_redis: dict[str, str], tmp_path: Path
+) -> None:
+    proc = start_long_job(own_redis, tmp_path)
+    try:
+        status = jobpulse(own_redis, "status", "report-42")
+        assert status.returncode == 0, status
+        assert "RUNNING" in status.stdout
+        assert jobpulse(own_redis, "cancel", "report-42").returncode == 0
+        out, _ = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+        proc.wait()
+    assert proc.returncode == 0
+    assert out == "report-42 CANCELLED\n"
+    assert jobpulse(own_redis, "watch", "report-42").returncode == 3  # CANCELLED
+
+
+def test_a_killed_quickstart_job_stays_stale_until_a_sweeper_claims_it(
+    own_redis: dict[str, str], tmp_path: Path
+) -> None:
+    proc = start_long_job(own_redis, tmp_path)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate()
+    # watch follows it until it settles: STALE (exit 5) within the 6 s lease
+    assert jobpulse(own_redis, "watch", "report-42").returncode == 5
+    assert jobpulse(own_redis, "watch", "report-42").returncode == 5  # nobody claims it
+    # the page's sweeper: it claims the job once its index entry is past its deadline
+    with subprocess.Popen(
+        [sys.executable, "-m", "jobpulse", "sweep", "--loop", "--period", "0.5"],
+        cwd=ROOT, env=own_redis, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+    ) as sweeper:  # fmt: skip
+        try:
+            assert sweeper.stdout is not None
+            claimed = sweeper.stdout.readline()
+        finally:
+            sweeper.terminate()
+    assert claimed.startswith("claimed report-42: attempt 1 "), claimed
+    assert jobpulse(own_redis, "watch", "report-42").returncode == 4  # LOST
