@@ -1,7 +1,7 @@
 """A FastAPI service: POST starts a CPU-heavy job in a process pool and answers 202 Accepted;
 GET follows it (JSON with Retry-After, a long poll, or Server-Sent Events).
 
-    pip install "jobpulse[http]" fastapi
+    pip install ".[http]" fastapi                              # in the jobpulse checkout
     python examples/fastapi_app.py [--redis URL] [--port 8000]   # from the checkout's root
 
     curl -i -X POST 'localhost:8000/reports?items=3000'      # 202, Location: /jobpulse/jobs/<id>

@@ -1,6 +1,7 @@
-"""Every queue example runs both ways its docstring says, as written there: the script alone, and
-the production commands (the queue's own worker command in one process, ``--send`` in another,
-then ``jobpulse watch`` on the printed id, which exits 0 once the job COMPLETED).
+"""Every example runs as its docstring says. A queue example both ways, as written there: the
+script alone, and the production commands (the queue's own worker command in one process,
+``--send`` in another, then ``jobpulse watch`` on the printed id, which exits 0 once the job
+COMPLETED); the process-pool and FastAPI examples as scripts; the Dramatiq page's snippets.
 
 The commands are read from the docstrings, so the docs and this test cannot drift apart. Each test
 has a Redis of its own (``REDIS_URL`` points the example at it), so the examples' fixed queue
@@ -15,14 +16,16 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import httpx
 import pytest
 import redis
 
 from jobpulse import JobState
-from jobpulse._provision import RedisServer
+from jobpulse._provision import RedisServer, free_port
 from jobpulse.sync import StatusReader
 from tests.support import ROOT
 
@@ -123,3 +126,34 @@ def test_the_dramatiq_page_snippets_run_as_written(own_redis: dict[str, str]) ->
 def test_the_process_pool_demo_runs_its_job_to_completed(own_redis: dict[str, str]) -> None:
     out = run(["python", "examples/process_pool_demo.py", "--items", "20"], own_redis)
     assert out.splitlines()[-1] == "final status: COMPLETED", out
+
+
+def test_the_fastapi_example_answers_202_and_runs_the_job(own_redis: dict[str, str]) -> None:
+    """examples/fastapi_app.py as its docstring says: POST /reports answers 202 with the status
+    URL, which answers at once; the job runs to COMPLETED (``jobpulse watch`` exits 0)."""
+    port = free_port()
+    with subprocess.Popen(
+        [sys.executable, "examples/fastapi_app.py", "--port", str(port)],
+        cwd=ROOT, env=own_redis, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    ) as server:  # fmt: skip
+        try:
+            base = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while True:  # the server is up once it answers
+                try:
+                    httpx.get(f"{base}/jobpulse/", timeout=2.0)
+                    break
+                except httpx.TransportError:
+                    assert server.poll() is None, "the example exited"
+                    assert time.monotonic() < deadline, "the example never answered"
+                    time.sleep(0.1)
+            started = httpx.post(f"{base}/reports", params={"items": 20}, timeout=30.0)
+            assert started.status_code == 202, started.text
+            location = started.headers["location"]
+            job_id = location.rsplit("/", 1)[-1]
+            assert location == f"/jobpulse/jobs/{job_id}"
+            assert httpx.get(f"{base}{location}", timeout=10.0).status_code == 200
+            run(["jobpulse", "watch", job_id], own_redis, timeout=120)  # exit 0: COMPLETED
+        finally:
+            server.terminate()
+            server.wait(30)
