@@ -5,6 +5,7 @@ it turns STALE and stays so until ``jobpulse sweep`` claims it (LOST), as the pa
 
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -82,13 +83,26 @@ def jobpulse(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str
     )  # fmt: skip
 
 
-def start_long_job(env: dict[str, str], tmp_path: Path) -> subprocess.Popen[str]:
-    """The page's script with its default 30 s job, once the job is RUNNING."""
+@contextlib.contextmanager
+def long_job(env: dict[str, str], tmp_path: Path, stdout: int) -> Iterator[subprocess.Popen[str]]:
+    """The page's script with its default 30 s job, yielded once the job is RUNNING; every
+    process of its session (the script, its pool processes) is killed at the end."""
     script = tmp_path / "quickstart.py"
     script.write_text(quickstart_script())
-    proc = subprocess.Popen(
-        [sys.executable, str(script)], cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True
-    )
+    with subprocess.Popen(
+        [sys.executable, str(script)],
+        cwd=tmp_path, env=env, stdout=stdout, text=True, start_new_session=True,
+    ) as proc:  # fmt: skip
+        try:
+            wait_running(env, proc)
+            yield proc
+        finally:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)  # a pool process may outlive a killed owner
+            proc.communicate()
+
+
+def wait_running(env: dict[str, str], proc: subprocess.Popen[str]) -> None:
     client = redis.Redis.from_url(env["REDIS_URL"])
     try:
         reader = StatusReader(client, cache_ttl=0)
@@ -99,23 +113,19 @@ def start_long_job(env: dict[str, str], tmp_path: Path) -> subprocess.Popen[str]
             time.sleep(0.05)
     finally:
         client.close()
-    return proc
 
 
 def test_jobpulse_cancel_ends_the_quickstart_job_cancelled(
     own_redis: dict[str, str], tmp_path: Path
 ) -> None:
-    proc = start_long_job(own_redis, tmp_path)
-    try:
+    with long_job(own_redis, tmp_path, subprocess.PIPE) as proc:
         status = jobpulse(own_redis, "status", "report-42")
         assert status.returncode == 0, status
         assert "RUNNING" in status.stdout
         assert jobpulse(own_redis, "cancel", "report-42").returncode == 0
-        out, _ = proc.communicate(timeout=60)
-    finally:
-        proc.kill()
-        proc.wait()
-    assert proc.returncode == 0
+        assert proc.stdout is not None
+        out = proc.stdout.readline()
+        assert proc.wait(60) == 0
     assert out == "report-42 CANCELLED\n"
     assert jobpulse(own_redis, "watch", "report-42").returncode == 3  # CANCELLED
 
@@ -123,9 +133,9 @@ def test_jobpulse_cancel_ends_the_quickstart_job_cancelled(
 def test_a_killed_quickstart_job_stays_stale_until_a_sweeper_claims_it(
     own_redis: dict[str, str], tmp_path: Path
 ) -> None:
-    proc = start_long_job(own_redis, tmp_path)
-    proc.send_signal(signal.SIGKILL)
-    proc.communicate()
+    with long_job(own_redis, tmp_path, subprocess.DEVNULL) as proc:
+        proc.send_signal(signal.SIGKILL)  # the script only: its pool process is left orphaned
+        proc.wait()
     # watch follows it until it settles: STALE (exit 5) within the 6 s lease
     assert jobpulse(own_redis, "watch", "report-42").returncode == 5
     assert jobpulse(own_redis, "watch", "report-42").returncode == 5  # nobody claims it
