@@ -64,6 +64,16 @@ def test_percent_needs_a_positive_total_and_is_capped() -> None:
     assert decode_snapshot("j", {**RUNNING, "done": "150"}, 1, NOW).percent == 100.0
 
 
+def test_percent_has_two_decimals_rounded_down() -> None:
+    """Issue 25: the JSON and SSE carried 48.86666666666667; 99,999 of 100,000 is not 100."""
+    exact = {**RUNNING, "done": "733", "total": "1500"}
+    assert decode_snapshot("j", exact, 1, NOW).percent == 48.86
+    almost = {**RUNNING, "done": "99999", "total": "100000"}
+    assert decode_snapshot("j", almost, 1, NOW).percent == 99.99
+    third = {**RUNNING, "done": "1", "total": "3"}
+    assert decode_snapshot("j", third, 1, NOW).percent == 33.33
+
+
 def test_ages_never_negative() -> None:
     s = decode_snapshot("j", {**RUNNING, "heartbeat_ms": str(NOW + 5)}, 1, NOW)
     assert s.heartbeat_age == 0.0

@@ -88,7 +88,8 @@ class JobStatus:
         stage: the current stage name.
         done: items done.
         total: items in all, when known.
-        percent: ``100 * done / total`` (None without a positive total), at most 100.
+        percent: ``100 * done / total`` rounded down to two decimals (None without a positive
+            total), at most 100.
         rate: items per second, recent.
         eta: seconds left, estimated by the worker.
         rss_bytes: the worker process's resident memory.
@@ -276,7 +277,9 @@ def decode_snapshot(job_id: str, raw: RawSnapshot, alive_pttl: int, server_ms: i
     done, total = ints["done"], ints["total"]
     percent = None
     if done is not None and total is not None and total > 0:
-        percent = min(100.0 * done / total, 100.0)
+        # Two decimals, rounded down: 733 / 1500 is 48.86, not 48.86666666666667, and only
+        # done >= total reads 100.
+        percent = min(math.floor(10_000 * done / total) / 100, 100.0)
     lag = floats["loop_lag_ms"]
     return JobStatus(
         job_id=job_id,

@@ -25,7 +25,7 @@ from .._protocol.keys import KeySchema, check_job_id
 from ..errors import ProtocolError
 from .backoff import Backoff
 from .cache import SnapshotCache
-from .event import Event, decode_event
+from .event import Event, decode_event, synthetic_event
 from .fetch import Read, ReadClock, ReadRequest, exchange_sync, fast_client, merge
 from .reader import ReaderConfig, _with_ages
 from .status import ALL_FIELDS, JobState, JobStatus, check_fields, wanted
@@ -212,7 +212,20 @@ class SyncStatusReader:
             if not reply:
                 status = self._get(job_id, None, fresh=True)
                 if status.state is JobState.STALE:
-                    yield Event(id=cursor, kind="stale", status="STALE", synthetic=True)
+                    # Entries written before the verdict's read first (none is lost), then
+                    # the verdict, resumable after them (see synthetic_event).
+                    for _stream, entries in self._redis.xread({key: cursor}, count=100) or []:
+                        for eid, raw in entries:
+                            event = decode_event(eid, raw)
+                            cursor = event.id
+                            yield event
+                            if event.terminal:
+                                return
+                    # A read stamped by the host's clock (the server refuses TIME) gives no id
+                    server_ms = status.server_ms if self._time.command() is not None else None
+                    yield synthetic_event(
+                        "stale", "STALE", cursor=cursor, server_ms=server_ms, wall=time.time()
+                    )
                     return
                 if not status.state.is_settled and status.state is not JobState.UNKNOWN:
                     continue

@@ -268,7 +268,10 @@ class Watch:
             self._finish()
             raise item
         if item.synthetic:
-            item = replace(item, id=self._last_id or "0-0")
+            # The hub's resume point (see synthetic_event), never below what this watcher
+            # yielded: its history may have run ahead of the hub's cursor.
+            if self._last_id is not None and parse_stream_id(item.id) < self._last:
+                item = replace(item, id=self._last_id)
         else:
             if key is None:
                 key = parse_stream_id(item.id)

@@ -16,23 +16,26 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from redis.exceptions import AskError, ClusterDownError, MovedError, ResponseError, TryAgainError
 
+from .._protocol.clock import clock_of
 from .._protocol.cluster import pipelined
 from .._protocol.codec import TERMINAL_STATUSES, parse_stream_id, to_text
 from .._protocol.errors import (
     error_code,
     is_redis_fault,
+    is_unknown_command,
     is_wrongtype,
     refuses_blocking,
     tolerate_faults,
 )
 from ..errors import ProtocolError
 from .backoff import Backoff
-from .event import Event, decode_event
+from .event import Event, decode_event, synthetic_event
 from .watch import _Stream
 
 if TYPE_CHECKING:
@@ -361,6 +364,11 @@ class XReadLoop:
                 continue
             if self.streams.get(stream.key) is not stream:
                 continue
+            # The verdict's time, on this server's clock, read before the flush below: every
+            # entry written after it has a larger id (see synthetic_event).
+            server_ms = await self._server_ms()
+            if self.streams.get(stream.key) is not stream:
+                continue
             # Entries may be in the stream that no XREAD returned yet: deliver them first.
             try:
                 rest = await self._redis.xrange(stream.key, min=f"({stream.cursor}", max="+")
@@ -369,9 +377,25 @@ class XReadLoop:
                 continue
             if self.streams.get(stream.key) is not stream or self._deliver(stream, rest):
                 continue
-            synthetic = Event(id=stream.cursor, kind=kind, status=verdict, synthetic=True)
+            synthetic = synthetic_event(
+                kind, verdict, cursor=stream.cursor, server_ms=server_ms, wall=time.time()
+            )
             self._offer(stream, synthetic)
             self._drop(stream)
+
+    async def _server_ms(self) -> int | None:
+        """This server's clock (``TIME``, or the name ``script_time`` gave it, on the loop's
+        node), or None when the server refuses it (renamed away, an ACL)."""
+        command = clock_of(self._redis).time_command
+        if command is None:
+            return None
+        try:
+            reply = await self._node.execute_command(command)
+        except ResponseError as exc:
+            if is_unknown_command(exc) or error_code(exc) == "NOPERM":
+                return None
+            raise
+        return int(reply[0]) * 1000 + int(reply[1]) // 1000
 
     async def _fail_foreign_keys(self) -> None:
         """XREAD said WRONGTYPE: end the watchers of every key that is not a stream."""

@@ -41,6 +41,7 @@ from .._reader.reader import StatusReader
 from .._reader.status import JobState, JobStatus
 from ..errors import InvalidJobId, ProtocolError
 from . import operate
+from .auth import check_token
 from .longpoll import Crowded, LongPollHub, parse_wait, until_disconnect
 from .retry import RETRY_MIN, cache_control, retry_after
 from .sse import EventStream, encode_event
@@ -104,6 +105,7 @@ def create_app(
     reader: StatusReader,
     *,
     authorize: Authorize | None = None,
+    token: str | None = None,
     keepalive: float = 15.0,
     retry: float = 2.0,
     index_shards: int = 1,
@@ -127,6 +129,9 @@ def create_app(
         authorize: ``authorize(request, job_id) -> bool`` (sync or async), asked for each job
             a request would show or cancel, and with ``""`` for ``GET /metrics``; False answers
             403 (and leaves the job out of ``GET /jobs``).
+        token: the operator token: ``POST /jobs/{job_id}/cancel`` and ``GET /metrics`` then
+            answer 401 unless the request carries ``Authorization: Bearer <token>`` (checked
+            before ``authorize``). Status, events and the job list stay open to ``authorize``.
         keepalive: seconds between ``: keep-alive`` comments on an idle event stream.
         retry: reconnection delay suggested to EventSource clients (``retry:``), in seconds.
         index_shards: the ``index_shards`` the workers use (for ``GET /jobs``).
@@ -147,12 +152,14 @@ def create_app(
     """
     if authorize is not None and not callable(authorize):
         raise TypeError(f"authorize must be callable, got {authorize!r}")
+    secret = check_token(token)
     config = HttpConfig(
         keepalive=keepalive, retry=retry, index_shards=index_shards, max_jobs=max_jobs,
         max_wait=max_wait, max_waiters=max_waiters, wait_interval=wait_interval,
         stale_while_revalidate=stale_while_revalidate,
     )  # fmt: skip
     service = _Service(reader, authorize, config)
+    service.token = secret
     app = Starlette(
         routes=[
             Route("/", service.dashboard, methods=["GET"]),
@@ -266,6 +273,7 @@ class _Service:
         self.reader = reader
         self.authorize = authorize
         self.config = config
+        self.token: bytes | None = None  # the operator token (never in a repr or a log)
         package = resources.files(__package__) / "static"
         self.files = {name: (package / name).read_bytes() for name in _STATIC}
         self.frames = _FrameCache()

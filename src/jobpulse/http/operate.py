@@ -1,9 +1,12 @@
 """The operator's routes: ``GET /metrics`` (Prometheus) and ``POST /jobs/{job_id}/cancel``.
 
-Both go through the app's ``authorize(request, job_id)`` hook: ``/metrics`` asks it with the
-job id ``""`` (no job), the cancel route with the job's id and ``request.method == "POST"``, so
-a hook can allow reading a job and refuse cancelling it. ``POST .../cancel?dry_run=1`` asks the
-hook and cancels nothing: the dashboard shows its cancel button only when that answers 200.
+With an operator token (``create_app(token=...)``, ``jobpulse serve --token``) both answer 401
+with ``WWW-Authenticate: Bearer`` unless the request carries ``Authorization: Bearer <token>``,
+before anything else is looked at. Then both go through the app's ``authorize(request, job_id)``
+hook: ``/metrics`` asks it with the job id ``""`` (no job), the cancel route with the job's id
+and ``request.method == "POST"``, so a hook can allow reading a job and refuse cancelling it.
+``POST .../cancel?dry_run=1`` asks the token check and the hook and cancels nothing: the
+dashboard shows its cancel button only when that answers 200.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from starlette.responses import Response
 from .._protocol.keys import check_job_id
 from .._recovery.control import request_cancel
 from ..errors import InvalidJobId
+from .auth import bearer_allows
 
 if TYPE_CHECKING:
     from .app import _Service
@@ -35,8 +39,20 @@ def _json(body: Any, status: int = 200) -> Response:
     )
 
 
+def _unauthenticated(service: _Service, request: Request) -> Response | None:
+    """401 when the app has a token and the request does not carry it, else None."""
+    if bearer_allows(request.headers.get("authorization"), service.token):
+        return None
+    response = _json({"error": "unauthorized: this route needs the operator token"}, 401)
+    response.headers["www-authenticate"] = 'Bearer realm="jobpulse"'
+    return response
+
+
 async def metrics(service: _Service, request: Request) -> Response:
     """``GET /metrics``: the census of the namespace and this process's worker counters."""
+    refused = _unauthenticated(service, request)
+    if refused is not None:
+        return refused
     if not await service._allowed(request, ""):
         return _json({"error": "forbidden"}, 403)
     try:
@@ -59,12 +75,15 @@ async def cancel(service: _Service, request: Request) -> Response:
     """``POST /jobs/{job_id}/cancel``: ask the job's worker to stop (``request_cancel``).
 
     Answers 200 ``{"cancelled": true}`` when the request is recorded, 409 when the job is not
-    running, 403 when ``authorize`` refuses, 400 for an invalid id; with ``?dry_run=1``,
-    200 ``{"allowed": true}`` and nothing cancelled.
+    running, 401 without the operator token, 403 when ``authorize`` refuses, 400 for an invalid
+    id; with ``?dry_run=1``, 200 ``{"allowed": true}`` and nothing cancelled.
     """
     rest: str = request.path_params["rest"]
     if not rest.endswith(_SUFFIX):
         return _json({"error": "method not allowed"}, 405)
+    refused = _unauthenticated(service, request)
+    if refused is not None:
+        return refused
     job_id = rest[: -len(_SUFFIX)]
     try:
         check_job_id(job_id)
