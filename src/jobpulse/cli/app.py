@@ -221,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_serve,
         "Serve GET /jobs/{id}, its SSE events, the dashboard and GET /metrics over HTTP "
         '(needs "jobpulse[http]"; /metrics needs "jobpulse[prometheus]").',
-        "JOBPULSE_TOKEN=$(openssl rand -hex 24) jobpulse serve --host 0.0.0.0 --port 8000",
+        "jobpulse serve --port 8000    (beyond loopback: set JOBPULSE_TOKEN, see docs/security.md)",
     )
     p.add_argument(
         "--host",
