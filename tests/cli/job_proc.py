@@ -19,7 +19,7 @@ from jobpulse import heartbeat
 
 
 async def main(
-    url: str, ns: str, job_id: str, total: int, step: float, outcome: str, kind: str | None
+    url: str, ns: str, job_id: str, total: int, step: float, outcome: str, kind: str
 ) -> None:
     client = aioredis.Redis.from_url(url)
     try:
@@ -41,7 +41,7 @@ async def main(
 
 if __name__ == "__main__":
     url, ns, job, total, step, outcome = sys.argv[1:7]
-    kind = sys.argv[7] if len(sys.argv) > 7 else None
+    kind = sys.argv[7] if len(sys.argv) > 7 else ""
     try:
         asyncio.run(main(url, ns, job, int(total), float(step), outcome, kind))
     except BaseException as exc:  # the outcome is in Redis; exit quietly
