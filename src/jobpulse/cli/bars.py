@@ -96,13 +96,23 @@ def _bar(task: Task, st: Any, width: int) -> ProgressBar:
 class _Bars(Progress):
     """A Progress whose rows are laid out for the console's width at every refresh."""
 
+    def __init__(self, console: Console) -> None:
+        self._screen = console  # Progress.console reads self.live, which rich sets up last
+        super().__init__(
+            console=console,
+            auto_refresh=True,
+            refresh_per_second=8,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
+
     def make_tasks_table(self, tasks: Iterable[Task]) -> Table:
         rows = [(t, t.fields["st"]) for t in tasks if t.visible and t.fields.get("st")]
         texts = [{name: text(st) for name, (text, _) in _TEXT.items()} for _, st in rows]
         cells = {name: max((cell_len(row[name]) for row in texts), default=0) for name in _TEXT}
         cells["job"] = max((cell_len(st.job_id) for _, st in rows), default=1)
         layout = fit(
-            self.console.width, cells, order=ORDER, required=("state",), optional=OPTIONAL,
+            self._screen.width, cells, order=ORDER, required=("state",), optional=OPTIONAL,
             flexible={"bar": BAR},
         )  # fmt: skip
         table = Table.grid(
@@ -125,10 +135,4 @@ class _Bars(Progress):
 
 def make_progress(console: Console) -> Progress:
     """The Progress with jobpulse's columns, drawing on ``console``."""
-    return _Bars(
-        console=console,
-        auto_refresh=True,
-        refresh_per_second=8,
-        redirect_stdout=False,
-        redirect_stderr=False,
-    )
+    return _Bars(console)
