@@ -4,6 +4,7 @@ last and in its middle, and a STALE or ended job shows no ETA, rate or standstil
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 from jobpulse import JobState, JobStatus
 from jobpulse.cli.layout import MIN_ID, fit, fit_id
@@ -65,12 +66,14 @@ def test_fit_id_keeps_the_head_and_more_of_the_tail() -> None:
 
 
 def statuses() -> list[JobStatus]:
-    common = {"done": 4, "total": 10, "percent": 40.0, "rate": 2.5, "eta": 2.4,
-              "heartbeat_age": 0.2, "progress_age": 95.0, "stage": "load", "worker": "h:1"}  # fmt: skip
+    running = JobStatus(
+        job_id=SAQ, state=JobState.RUNNING, done=4, total=10, percent=40.0, rate=2.5, eta=2.4,
+        heartbeat_age=0.2, progress_age=95.0, stage="load", worker="h:1",
+    )  # fmt: skip
     return [
-        JobStatus(job_id=SAQ, state=JobState.RUNNING, **common),  # type: ignore[arg-type]
-        JobStatus(job_id="dead-1", state=JobState.STALE, **common),  # type: ignore[arg-type]
-        JobStatus(job_id="lost-1", state=JobState.LOST, **common),  # type: ignore[arg-type]
+        running,
+        replace(running, job_id="dead-1", state=JobState.STALE),
+        replace(running, job_id="lost-1", state=JobState.LOST),
     ]
 
 
