@@ -28,6 +28,7 @@ ARGS = [
 ]  # fmt: skip
 ARTIFACTS = ROOT / "test-artifacts"
 WAIT_MS = 60_000
+NONE = "\u2013"  # the dashboard's "no value"
 
 pytestmark = [
     pytest.mark.skipif(
@@ -128,8 +129,8 @@ def test_bar_reaches_100_percent_and_a_killed_worker_turns_stale(
         assert badge.inner_text() == "STALE"
         assert badge.evaluate("e => getComputedStyle(e).backgroundColor") == "rgb(198, 40, 40)"
         assert "stale" in (page.get_attribute(row("video-encode-7"), "class") or "")
-        assert page.inner_text(f"{row('video-encode-7')} .still") == "–"  # no worker to wait on
-        assert page.inner_text(f"{row('report/2024:q3')} .still") == "–"  # nothing left to do
+        assert page.inner_text(f"{row('video-encode-7')} .still") == NONE  # no worker to wait on
+        assert page.inner_text(f"{row('report/2024:q3')} .still") == NONE  # nothing left to do
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
     finally:
