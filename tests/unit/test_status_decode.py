@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
-from jobpulse import Event, JobState, ProtocolError
+from jobpulse import Event, JobState, JobStatus, ProtocolError
 from jobpulse._protocol.codec import parse_stream_id
 from jobpulse._reader.event import decode_event
-from jobpulse._reader.status import ALL_FIELDS, check_fields, decode_snapshot, decode_values
+from jobpulse._reader.status import (
+    ALL_FIELDS,
+    check_fields,
+    decode_snapshot,
+    decode_values,
+    live_statuses,
+)
 
 NOW = 1_700_000_010_000
 
@@ -173,3 +180,15 @@ def test_parse_stream_id() -> None:
     for bad in ("", "-1", "1-", "a-1", "1-2-3", "\u0661-1"):  # the last: an Arabic-Indic digit
         with pytest.raises(ValueError, match="stream id"):
             parse_stream_id(bad)
+
+
+def test_a_job_list_shows_running_and_stale_jobs_and_skips_corrupt_ones() -> None:
+    def status(job: str, state: JobState) -> JobStatus:
+        return JobStatus(job_id=job, state=state)
+
+    running, stale = status("a", JobState.RUNNING), status("b", JobState.STALE)
+    results = [running, status("c", JobState.COMPLETED), ProtocolError("corrupt"), stale]
+    assert live_statuses(results) == [running, stale]
+    down = RedisConnectionError("down")
+    with pytest.raises(RedisConnectionError):
+        live_statuses([running, down])
