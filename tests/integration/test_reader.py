@@ -150,9 +150,11 @@ async def test_both_readers_see_a_worker_process_alive_but_not_advancing(
         for st in (now, then):
             assert st.state is JobState.RUNNING
             assert st.progress_ms == first.progress_ms  # done has not moved since
-            assert st.progress_ms is not None and st.server_ms is not None
+            assert st.progress_ms is not None
+            assert st.server_ms is not None
             assert st.progress_age == (st.server_ms - st.progress_ms) / 1000
-        assert now.heartbeat_ms is not None and first.heartbeat_ms is not None
+        assert now.heartbeat_ms is not None
+        assert first.heartbeat_ms is not None
         assert now.heartbeat_ms > first.heartbeat_ms  # while the beats went on
     finally:
         sync_client.close()
