@@ -125,7 +125,8 @@ async def take_census(
         index_shards: the workers' ``index_shards``.
         max_kinds: most kinds read (the most recently active ones first; >= 1).
         max_stale: most stale candidates examined (>= 1).
-        age_sample: jobs sampled per kind for the age quantiles (>= 1).
+        age_sample: jobs sampled per kind for the age quantiles, and oldest jobs read per kind
+            for the longest standstill (>= 1).
 
     Returns:
         The :class:`Census`.

@@ -188,7 +188,8 @@ async def scrape(
         worker: also export this process's worker counters.
         max_kinds: most kinds read.
         max_stale: most stale candidates examined.
-        age_sample: jobs sampled per kind for the age quantiles.
+        age_sample: jobs sampled per kind for the age quantiles (and oldest jobs read per kind
+            for the longest standstill).
 
     Returns:
         The Prometheus text format (``CONTENT_TYPE``).
