@@ -2,7 +2,8 @@
 ``python -m tests.integration.burst_proc URL NS COUNT HOLD``.
 
 ``COUNT`` tasks each run ``async with jobpulse.heartbeat(client, "burst-<i>", namespace=NS)``,
-all created in one step; each body waits until every job of the burst has entered, then holds
+all created in one step; each body waits until every job of the burst has entered (or failed
+to), then holds
 ``HOLD`` seconds more (past ``ttl``, so every lease must have been renewed) and ends. Prints
 ``outcomes {...}`` (JSON: what leaving each ``async with`` raised, ``ok`` for nothing, else
 the type and the lease-loss cause, with counts), ``stats {...}`` (the process's worker stats)
@@ -32,27 +33,51 @@ class Burst:
         self.started = time.monotonic()
         self.all_in_after = 0.0
 
+    def arrived(self) -> None:
+        """One more job entered, or failed to: the last one lets every body go on."""
+        self.entered += 1
+        if self.entered == self.count:
+            self.all_in_after = time.monotonic() - self.started
+            self.all_in.set()
+
     async def job(self, client: aioredis.Redis, ns: str, i: int) -> str:
+        inside = False
         try:
             async with jobpulse.heartbeat(client, f"burst-{i}", namespace=ns):
-                self.entered += 1
-                if self.entered == self.count:
-                    self.all_in_after = time.monotonic() - self.started
-                    self.all_in.set()
+                inside = True
+                self.arrived()
                 await self.all_in.wait()
                 await asyncio.sleep(self.hold)
         except LeaseLost as exc:
             return f"LeaseLost {exc.cause.name}"
         except Exception as exc:  # reported, not raised: the test names what happened
             return type(exc).__name__
+        finally:
+            if not inside:
+                self.arrived()
         return "ok"
+
+    async def report(self) -> None:
+        """Every 5 s on stderr: how far the burst is (read when a test fails)."""
+        while True:
+            await asyncio.sleep(5)
+            at = time.monotonic() - self.started
+            print(
+                f"{at:.0f}s entered={self.entered} beats={WORKER_STATS.beats} "
+                f"late={WORKER_STATS.beats_late} lag={WORKER_STATS.loop_lag:.2f} "
+                f"lost={WORKER_STATS.lease_losses}",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 async def main(url: str, ns: str, count: int, hold: float) -> None:
     client = aioredis.Redis.from_url(url)
     burst = Burst(count, hold)
     tasks = [asyncio.ensure_future(burst.job(client, ns, i)) for i in range(count)]
+    report = asyncio.ensure_future(burst.report())
     results = await asyncio.gather(*tasks)
+    report.cancel()
     ended = time.monotonic() - burst.started
     print("outcomes", json.dumps(collections.Counter(results)), flush=True)
     stats = {

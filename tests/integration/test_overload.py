@@ -32,7 +32,12 @@ async def test_a_burst_started_at_once_loses_no_lease(
         "7",
         stdout=asyncio.subprocess.PIPE,
     )
-    out, _ = await proc.communicate()
+    try:
+        out, _ = await proc.communicate()
+    finally:
+        if proc.returncode is None:  # the test timed out: leave no worker behind
+            proc.kill()
+            await proc.wait()
     assert proc.returncode == 0
     lines = dict(line.split(" ", 1) for line in out.decode().splitlines())
     print(lines["stats"], lines["phases"])  # shown when the test fails

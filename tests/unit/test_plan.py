@@ -102,21 +102,23 @@ def test_no_call_jumps_ahead_of_a_waiting_beat() -> None:
     assert gate.give_back() == "acquire"
 
 
-def test_new_jobs_enter_in_turn_a_few_at_a_time_and_never_while_a_lease_presses() -> None:
-    gate: SendGate[str] = SendGate(4, entering=2)
+def test_new_jobs_enter_in_turn_a_few_at_a_time_and_one_at_a_time_while_a_lease_presses() -> None:
+    gate: SendGate[str] = SendGate(4, entering=3)
     assert gate.enter("a", pressing=False)
     assert gate.enter("b", pressing=False)
-    assert not gate.enter("c", pressing=False)  # two entering already
-    assert not gate.enter("d", pressing=False)
+    assert not gate.enter("c", pressing=True)  # a beat presses: two entering is too many
+    assert not gate.enter("d", pressing=False)  # c came first: d queues behind it
     gate.entered()  # a is in
-    assert gate.admit(pressing=True) == []  # a beat presses: c waits although there is room
-    assert gate.admit(pressing=False) == ["c"]
-    assert gate.admit(pressing=False) == []  # b and c entering
-    assert not gate.enter("e", pressing=False)  # d came first: e queues behind it
+    assert gate.admit(pressing=True) == []  # b still entering
+    gate.entered()  # b is in
+    assert gate.admit(pressing=True) == ["c"]  # one at a time: the burst goes on
+    assert gate.admit(pressing=True) == []
+    assert gate.admit(pressing=False) == ["d"]  # no lease presses: up to three
+    assert gate.enter("e", pressing=False)  # c, d, e entering
+    assert not gate.enter("f", pressing=False)
     gate.entered()
-    gate.entered()
-    assert gate.admit(pressing=False) == ["d", "e"]
-    assert gate.entering == 2
+    assert gate.admit(pressing=False) == ["f"]
+    assert gate.entering == 3
 
 
 def test_a_waiter_that_gave_up_is_forgotten() -> None:

@@ -7,8 +7,8 @@ O(due · log n), never a scan of every job.
 
 Overload degrades the beat rate, never the leases: due beats are served in the order of their
 lease deadlines (the job closest to losing its lease first), beats take a free connection
-before any other call, and a new job starts entering only while no running job's lease is
-pressing (:meth:`BeatPlan.pressing`) and fewer than ``ENTERING`` jobs are entering.
+before any other call, and new jobs start entering ``ENTERING`` at a time, one at a time while
+a running job's lease presses (:meth:`BeatPlan.pressing`).
 """
 
 from __future__ import annotations
@@ -54,8 +54,8 @@ BATCH = 64
 """Beats per ``beat.lua`` call (a pipeline carries ``CHUNK / BATCH`` calls on one server; on a
 cluster a call only carries jobs of one hash slot)."""
 PRESSING = 0.5
-"""A due beat presses when less than this fraction of its ttl is left of its lease: no new job
-starts entering until it went out (with the defaults, a beat 2 s late)."""
+"""A due beat presses when less than this fraction of its ttl is left of its lease (with the
+defaults, a beat 2 s late): new jobs then enter one at a time, not ``ENTERING``."""
 ENTERING = 32
 """Jobs entering (index, lease, kind index) at once per client: a burst of new jobs queues
 here, before anything is written or any timeout starts, not on the connections beats need."""
@@ -212,8 +212,9 @@ class SendGate(Generic[W]):
 
     Slots: a beat pipeline takes a free one before any other call (an acquire step, a final
     write); a freed slot goes to the first waiting beat, else the first other waiter.
-    Admission: a new job starts entering while fewer than ``entering`` jobs are entering and
-    no lease presses (:meth:`BeatPlan.pressing`), in the order the jobs came.
+    Admission: a new job starts entering while fewer than ``entering`` jobs are entering, or
+    while none is when a lease presses (:meth:`BeatPlan.pressing`: the beats come first, but
+    a burst still finishes starting), in the order the jobs came.
     """
 
     def __init__(self, slots: int, entering: int = ENTERING) -> None:
@@ -245,7 +246,7 @@ class SendGate(Generic[W]):
 
     def enter(self, waiter: W, *, pressing: bool) -> bool:
         """A new job wants to enter: True when it may now, else it waits its turn."""
-        if not self._entrants and not pressing and self.entering < self._limit:
+        if not self._entrants and self.entering < self._room(pressing):
             self.entering += 1
             return True
         self._entrants.append(waiter)
@@ -254,10 +255,13 @@ class SendGate(Generic[W]):
     def admit(self, *, pressing: bool) -> list[W]:
         """The waiting jobs that may enter now (wake them; each counts as entering)."""
         out: list[W] = []
-        while self._entrants and not pressing and self.entering < self._limit:
+        while self._entrants and self.entering < self._room(pressing):
             out.append(self._entrants.popleft())
             self.entering += 1
         return out
+
+    def _room(self, pressing: bool) -> int:
+        return 1 if pressing else self._limit
 
     def entered(self) -> None:
         """A job admitted by :meth:`enter` or :meth:`admit` finished entering (or gave up)."""
