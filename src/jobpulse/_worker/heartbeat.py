@@ -23,7 +23,7 @@ from collections.abc import Callable
 from contextvars import Token
 from dataclasses import dataclass
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._protocol import calls
 from .._protocol.calls import BeatReply
@@ -32,6 +32,7 @@ from .._protocol.cluster import pipelined
 from .._protocol.deadline import cancellable
 from .._protocol.errors import is_redis_fault, tolerate_faults
 from .._protocol.ratelimit import RateLimitedLog
+from .._protocol.rebuild import ClientFactory
 from ..errors import JobCancelled, LeaseLost, LeaseLostCause, StateNotWritten
 from .current import enter_current, leave_current
 from .lease import Lease
@@ -40,6 +41,9 @@ from .progress import ProgressCell
 from .sampling import ProcessSample
 from .stats import WORKER_STATS, notify
 from .ticker import Ticker
+
+if TYPE_CHECKING:
+    from .sidecar.job import AsyncSidecarHeartbeat
 
 __all__ = ["HeartbeatStatistics", "JobHeartbeat", "heartbeat"]
 
@@ -540,7 +544,9 @@ def heartbeat(
     index_every: int = 10,
     index_shards: int = 1,
     clock: Callable[[], float] = time.monotonic,
-) -> JobHeartbeat:
+    sidecar: bool = False,
+    client_factory: ClientFactory | None = None,
+) -> JobHeartbeat | AsyncSidecarHeartbeat:
     """Run a job under a heartbeat: ``async with heartbeat(redis, job_id) as hb: ...``.
 
     Entering takes the job's lease and writes its first snapshot and ``start`` entry (so the job
@@ -566,7 +572,15 @@ def heartbeat(
         final_timeout: seconds the final write keeps retrying while Redis is unreachable.
         index_every: the running-jobs index entry is refreshed every this many beats.
         index_shards: shards of the running-jobs index (as the sweeper's).
-        clock: a monotonic clock in seconds (a seam for tests).
+        clock: a monotonic clock in seconds (a seam for tests; ``sidecar=False`` only).
+        sidecar: send the job's beats from jobpulse's helper process instead of this event
+            loop, so work that holds the GIL or blocks the loop cannot delay them
+            (docs/worker.md, "The sidecar"). Default False: in-loop beats.
+        client_factory: with ``sidecar=True``, a picklable function of no arguments, importable
+            by module path, returning a ``redis.asyncio`` client for the same server: how the
+            helper builds its client. Default: rebuilt from a plain ``redis.Redis``'s connection
+            settings (TCP, TLS, Unix socket, ACL username and password); Sentinel and Cluster
+            clients need one (TypeError before any Redis write otherwise).
 
     Raises:
         InvalidJobId: the job id or namespace is invalid (before any Redis command).
@@ -582,6 +596,29 @@ def heartbeat(
         LeaseLost: (on exit) the lease was lost; the job was stopped.
         JobCancelled: (on exit) the job was cancelled on request.
     """
+    options = dict(
+        total=total,
+        interval=interval,
+        ttl=ttl,
+        namespace=namespace,
+        meta=meta,
+        kind=kind,
+        worker=worker,
+        stream_every=stream_every,
+        maxlen=maxlen,
+        retention=retention,
+        max_meta_bytes=max_meta_bytes,
+        max_details_bytes=max_details_bytes,
+        final_timeout=final_timeout,
+        index_every=index_every,
+        index_shards=index_shards,
+    )
+    if sidecar:
+        from .sidecar.job import AsyncSidecarHeartbeat
+
+        return AsyncSidecarHeartbeat(
+            redis, job_id, client_factory=client_factory, clock=clock, options=options
+        )
     return JobHeartbeat(
         redis,
         job_id,

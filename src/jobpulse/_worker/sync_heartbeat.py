@@ -18,13 +18,14 @@ import time
 from collections.abc import Callable
 from contextvars import Token
 from types import TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .._protocol import calls
 from .._protocol.calls import BeatReply
 from .._protocol.clients import SyncClient
 from .._protocol.errors import is_redis_fault, tolerate_faults
 from .._protocol.ratelimit import RateLimitedLog
+from .._protocol.rebuild import ClientFactory
 from ..errors import JobCancelled, LeaseLost, LeaseLostCause, StateNotWritten
 from .current import enter_current, leave_current
 from .heartbeat import HeartbeatStatistics
@@ -33,6 +34,9 @@ from .progress import ProgressCell
 from .sampling import ProcessSample
 from .stats import WORKER_STATS, notify
 from .thread_ticker import ThreadTicker
+
+if TYPE_CHECKING:
+    from .sidecar.job import SidecarHeartbeat
 
 __all__ = ["SyncHeartbeat", "heartbeat"]
 
@@ -417,7 +421,9 @@ def heartbeat(
     index_every: int = 10,
     index_shards: int = 1,
     clock: Callable[[], float] = time.monotonic,
-) -> SyncHeartbeat:
+    sidecar: bool = True,
+    client_factory: ClientFactory | None = None,
+) -> SyncHeartbeat | SidecarHeartbeat:
     """Run a job under a heartbeat from sync code: ``with heartbeat(client, job_id) as hb: ...``.
 
     The same protocol and exit rules as :func:`jobpulse.heartbeat`: entering takes the lease and
@@ -446,7 +452,15 @@ def heartbeat(
         final_timeout: seconds the final write keeps retrying while Redis is unreachable.
         index_every: the running-jobs index entry is refreshed every this many beats.
         index_shards: shards of the running-jobs index (as the sweeper's).
-        clock: a monotonic clock in seconds (a seam for tests).
+        clock: a monotonic clock in seconds (a seam for tests; ``sidecar=False`` only).
+        sidecar: send the job's beats from jobpulse's helper process instead of a thread of
+            this process, so work that holds the GIL cannot delay them (docs/sync.md). Default
+            True; ``sidecar=False`` beats from a thread of this process.
+        client_factory: with ``sidecar=True``, a picklable function of no arguments, importable
+            by module path, returning a ``redis.asyncio`` client for the same server: how the
+            helper builds its client. Default: rebuilt from a plain ``redis.Redis``'s connection
+            settings (TCP, TLS, Unix socket, ACL username and password); Sentinel and Cluster
+            clients need one (TypeError before any Redis write otherwise).
 
     Raises:
         InvalidJobId: the job id or namespace is invalid (before any Redis command).
@@ -455,6 +469,29 @@ def heartbeat(
         LeaseLost: (on exit) the lease was lost.
         JobCancelled: (on exit) the job was cancelled on request and the body ended normally.
     """
+    options = dict(
+        total=total,
+        interval=interval,
+        ttl=ttl,
+        namespace=namespace,
+        meta=meta,
+        kind=kind,
+        worker=worker,
+        stream_every=stream_every,
+        maxlen=maxlen,
+        retention=retention,
+        max_meta_bytes=max_meta_bytes,
+        max_details_bytes=max_details_bytes,
+        final_timeout=final_timeout,
+        index_every=index_every,
+        index_shards=index_shards,
+    )
+    if sidecar:
+        from .sidecar.job import SidecarHeartbeat
+
+        return SidecarHeartbeat(
+            redis, job_id, client_factory=client_factory, clock=clock, options=options
+        )
     return SyncHeartbeat(
         redis,
         job_id,
