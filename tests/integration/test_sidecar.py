@@ -288,3 +288,54 @@ def test_a_tls_client_keeps_its_tls_settings_and_never_shows_its_password() -> N
     assert isinstance(rebuilt, aioredis.Redis)
     conn = rebuilt.connection_pool.connection_class
     assert conn is redis.asyncio.connection.SSLConnection
+
+
+# -- in one process: the asyncio face ---------------------------------------------------------
+
+
+async def test_asyncio_face_records_stage_checkpoint_progress_and_ends_completed(
+    redis: aioredis.Redis, ns: str
+) -> None:
+    async with jobpulse.heartbeat(
+        redis, "a-1", namespace=ns, interval=0.05, ttl=1.0, total=3, sidecar=True
+    ) as hb:
+        assert isinstance(hb, jobpulse.AsyncSidecarHeartbeat)
+        assert jobpulse.current() is hb
+        assert hb.attempt == 1
+        assert hb.resume_from is None
+        hb.set_stage("crunch")
+        hb.progress.advance(3)
+        await hb.checkpoint(step=3)
+    status = await jobpulse.StatusReader(redis, namespace=ns, cache_ttl=0).get("a-1")
+    assert status.state is JobState.COMPLETED
+    assert (status.stage, status.done, status.fence) == ("crunch", 3, hb.fence)
+    events = await redis.xrange(KeySchema(ns).events("a-1"))
+    assert [b'{"step":3}' in dict(e[1]).get(b"details", b"") for e in events].count(True) == 1
+
+
+async def test_asyncio_face_a_cancel_request_cancels_the_body_and_ends_cancelled(
+    redis: aioredis.Redis, ns: str
+) -> None:
+    """The helper's heartbeat sees the request; the owner's body task is cancelled (as with
+    in-loop beats) and the block raises JobCancelled; the job ends CANCELLED."""
+    with pytest.raises(jobpulse.JobCancelled):
+        async with jobpulse.heartbeat(
+            redis, "a-2", namespace=ns, interval=0.05, ttl=1.0, sidecar=True
+        ):
+            await jobpulse.request_cancel(redis, "a-2", namespace=ns)
+            await asyncio.sleep(30)  # cancelled long before
+    status = await jobpulse.StatusReader(redis, namespace=ns, cache_ttl=0).get("a-2")
+    assert status.state is JobState.CANCELLED
+
+
+async def test_asyncio_face_a_failing_body_ends_failed_with_its_type_and_message(
+    redis: aioredis.Redis, ns: str
+) -> None:
+    with pytest.raises(KeyError):
+        async with jobpulse.heartbeat(
+            redis, "a-3", namespace=ns, interval=0.05, ttl=1.0, sidecar=True
+        ):
+            raise KeyError("gone")
+    status = await jobpulse.StatusReader(redis, namespace=ns, cache_ttl=0).get("a-3")
+    assert status.state is JobState.FAILED
+    assert status.error == "KeyError: 'gone'"
