@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import multiprocessing
 import os
 import pickle
 import signal
@@ -339,3 +340,34 @@ async def test_asyncio_face_a_failing_body_ends_failed_with_its_type_and_message
     status = await jobpulse.StatusReader(redis, namespace=ns, cache_ttl=0).get("a-3")
     assert status.state is JobState.FAILED
     assert status.error == "KeyError: 'gone'"
+
+
+def _forked_job(url: str, ns: str, parent_helper: int) -> None:
+    """In a child forked while the parent's sidecar job runs: a job of its own, on a helper of
+    its own (never the parent's: the fork dropped the parent's pipe)."""
+    client = redis.Redis.from_url(url)
+    with jobpulse.sync.heartbeat(client, "child", namespace=ns, interval=0.05, ttl=1.0) as hb:
+        assert hb.helper_pid not in (None, parent_helper)  # type: ignore[union-attr]
+        hb.progress.advance()
+    os._exit(0 if client.hget(KeySchema(ns).state("child"), "status") == b"COMPLETED" else 3)
+
+
+def test_a_child_forked_mid_job_gets_a_helper_of_its_own_and_the_parents_job_goes_on(
+    redis_url: str, ns: str
+) -> None:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        with jobpulse.sync.heartbeat(client, "parent", namespace=ns, interval=0.05, ttl=1.0) as hb:
+            helper = hb.helper_pid  # type: ignore[union-attr]
+            assert helper is not None
+            child = multiprocessing.get_context("fork").Process(
+                target=_forked_job, args=(redis_url, ns, helper)
+            )
+            child.start()
+            child.join(30)
+            assert child.exitcode == 0
+            assert hb.helper_pid == helper  # type: ignore[union-attr]
+            assert hb.checkpoint(after="fork")
+        assert client.hget(KeySchema(ns).state("parent"), "status") == b"COMPLETED"
+    finally:
+        client.close()
