@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import multiprocessing
 import os
 import pickle
@@ -371,3 +372,23 @@ def test_a_child_forked_mid_job_gets_a_helper_of_its_own_and_the_parents_job_goe
         assert client.hget(KeySchema(ns).state("parent"), "status") == b"COMPLETED"
     finally:
         client.close()
+
+
+def test_the_proxies_have_the_public_members_of_the_heartbeats() -> None:
+    """The owner's proxy is used where a heartbeat is (current(), integrations): the same
+    members, with the same kinds (property or method) and the same parameters."""
+    from jobpulse._worker.heartbeat import JobHeartbeat
+    from jobpulse._worker.sync_heartbeat import SyncHeartbeat
+
+    members = "set_stage checkpoint stage fence attempt resume_from cancelled check statistics"
+    for proxy, shell in (
+        (jobpulse.AsyncSidecarHeartbeat, JobHeartbeat),
+        (jobpulse.sync.SidecarHeartbeat, SyncHeartbeat),
+    ):
+        for name in [*members.split(), "lease_held"]:
+            mine, theirs = inspect.getattr_static(proxy, name), inspect.getattr_static(shell, name)
+            assert type(mine) is type(theirs), (proxy, name)
+            if callable(mine):
+                params = inspect.signature(mine).parameters
+                assert list(params) == list(inspect.signature(theirs).parameters), (proxy, name)
+            assert inspect.iscoroutinefunction(mine) == inspect.iscoroutinefunction(theirs)

@@ -29,6 +29,7 @@ from typing import Any
 from ...errors import JobCancelled, LeaseLost, StateNotWritten
 from ..heartbeat import JobHeartbeat
 from ..machine import error_text
+from ..options import HeartbeatSpec
 from ..progress import ProgressCell
 from ..sampling import ProcessSampler
 from ..ticker import Ticker
@@ -134,7 +135,7 @@ class _Helper:
             if ticker._sampler._pid != self.owner:
                 # rss_bytes and cpu_s are the owner's (with its children: this helper too)
                 ticker._sampler = ProcessSampler(ticker._clock, pid=self.owner)
-            hb = JobHeartbeat(client, job_id, **options)
+            hb = JobHeartbeat(client, job_id, HeartbeatSpec(**options))
         except BaseException as exc:
             self.reply(rid, None, exc)
             return

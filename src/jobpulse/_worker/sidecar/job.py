@@ -13,10 +13,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import dataclasses
 import os
 import socket
 import time
-from collections.abc import Callable
 from contextvars import Token
 from types import TracebackType
 from typing import Any
@@ -24,9 +24,10 @@ from typing import Any
 from ..._protocol.rebuild import ClientFactory, checked_factory
 from ...errors import JobCancelled, LeaseLost, LeaseLostCause, StateNotWritten
 from ..current import enter_current, leave_current
-from ..heartbeat import HeartbeatStatistics
 from ..machine import BeatMachine
+from ..options import HeartbeatSpec
 from ..progress import ProgressCell
+from ..shell import HeartbeatStatistics
 from ..stats import WORKER_STATS, notify
 from .channel import Channel, HelperDied, channel
 
@@ -52,16 +53,17 @@ class SidecarJob:
         self,
         redis: Any,
         job_id: str,
+        spec: HeartbeatSpec,
         *,
-        client_factory: ClientFactory | None,
-        clock: Callable[[], float],
-        options: dict[str, Any],
+        client_factory: ClientFactory | None = None,
     ) -> None:
-        if clock is not time.monotonic:
+        if spec.clock is not time.monotonic:
             raise ValueError("sidecar=True: a custom clock is not supported (pass sidecar=False)")
-        if options.get("worker") is None:  # the owner's name, not the helper's
-            options["worker"] = f"{socket.gethostname()}:{os.getpid()}"
-        self._m: BeatMachine[None] = BeatMachine(job_id, **options)  # checks every option
+        if spec.worker is None:  # the owner's name, not the helper's
+            spec = dataclasses.replace(spec, worker=f"{socket.gethostname()}:{os.getpid()}")
+        self._m: BeatMachine[None] = BeatMachine(job_id, spec)  # checks every option
+        options = {f.name: getattr(spec, f.name) for f in dataclasses.fields(spec)}
+        del options["clock"]  # the helper's is its own monotonic clock
         self._factory = checked_factory(client_factory, redis)
         self._redis = redis
         self._options = options
