@@ -15,7 +15,9 @@ from __future__ import annotations
 
 import asyncio
 import os
+import signal
 import sys
+import threading
 import time
 from typing import Any
 
@@ -122,11 +124,24 @@ async def helper_dies_asyncio(client: aioredis.Redis, ns: str, job_id: str, ttl:
     say("second", pid)
 
 
+def group_term_sync(client: redis.Redis, ns: str, job_id: str, ttl: float) -> None:
+    """Works until SIGTERM (sent to the whole process group, helper included), then ends the
+    job normally: its final write needs the helper to have outlived the signal."""
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    with jobpulse.sync.heartbeat(client, job_id, namespace=ns, ttl=ttl, interval=ttl / 6) as hb:
+        say("ready", os.getpid(), hb.helper_pid)  # type: ignore[union-attr]
+        while not stopping.wait(0.01):
+            hb.progress.advance()
+    say("ok")
+
+
 def main(scenario: str, shell: str, url: str, ns: str, job_id: str, ttl: float) -> None:
     if shell == "sync":
         sync_client = redis.Redis.from_url(url, socket_timeout=ttl / 2)
         runs: dict[str, Any] = {"gil": gil_sync, "forever": forever_sync}
         runs["helper-dies"] = helper_dies_sync
+        runs["group-term"] = group_term_sync
         runs[scenario](sync_client, ns, job_id, ttl)
         return
 

@@ -92,7 +92,9 @@ def ready_pids(line: str) -> tuple[int, int]:
     return int(worker), int(helper)
 
 
-def spawn_job(scenario: str, shell: str, url: str, ns: str, job: str) -> tuple[Any, int, int]:
+def spawn_job(
+    scenario: str, shell: str, url: str, ns: str, job: str, *, session: bool = False
+) -> tuple[Any, int, int]:
     """Start a worker; return it with its pid and its helper's pid (from its ``ready`` line)."""
     proc = subprocess.Popen(
         [sys.executable, "-m", "tests.integration.sidecar_proc", scenario, shell, url, ns, job,
@@ -100,6 +102,7 @@ def spawn_job(scenario: str, shell: str, url: str, ns: str, job: str) -> tuple[A
         cwd=ROOT,
         stdout=subprocess.PIPE,
         text=True,
+        start_new_session=session,
     )  # fmt: skip
     assert proc.stdout is not None
     line = proc.stdout.readline()
@@ -392,3 +395,23 @@ def test_the_proxies_have_the_public_members_of_the_heartbeats() -> None:
                 params = inspect.signature(mine).parameters
                 assert list(params) == list(inspect.signature(theirs).parameters), (proxy, name)
             assert inspect.iscoroutinefunction(mine) == inspect.iscoroutinefunction(theirs)
+
+
+async def test_a_signal_to_the_whole_process_group_is_the_owners_to_handle(
+    redis_url: str, ns: str, redis: aioredis.Redis
+) -> None:
+    """SIGTERM to the worker's process group (an orchestrator stopping it) reaches the helper
+    too: the helper ignores it (it lives as long as its owner), so the worker, handling SIGTERM,
+    ends its job normally and the final state is written."""
+    proc, worker, helper = spawn_job("group-term", "sync", redis_url, ns, "term", session=True)
+    keys = KeySchema(ns)
+    try:
+        assert proc.stdout is not None
+        await eventually(lambda: _beaten(redis, keys, "term"), within=5.0)
+        os.killpg(worker, signal.SIGTERM)
+        assert proc.stdout.readline().split() == ["ok"]
+        assert proc.wait() == 0
+    finally:
+        stop(proc)
+    assert (await redis.hget(keys.state("term"), "status")) == b"COMPLETED"
+    await eventually(lambda: asyncio.to_thread(gone, helper), within=5.0)  # with its owner

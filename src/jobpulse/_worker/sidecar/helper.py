@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import os
 import pickle
+import signal
 import sys
 import threading
 from multiprocessing import resource_tracker
@@ -249,6 +250,11 @@ def _owner_gone() -> None:
 
 def main(argv: list[str]) -> None:
     fd, tracker, owner = (int(a) for a in argv[1:4])
+    # The helper lives exactly as long as its owner: a Ctrl-C, SIGTERM or SIGHUP sent to the
+    # whole process group is the owner's to handle (it may cancel its jobs and write CANCELLED,
+    # which needs this helper); the owner's exit, whatever caused it, ends the helper.
+    for signum in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
+        signal.signal(signum, signal.SIG_IGN)
     if tracker >= 0:
         # share the owner's resource tracker, as a spawned multiprocessing child does
         resource_tracker._resource_tracker._fd = tracker  # type: ignore[attr-defined]
