@@ -30,15 +30,19 @@ from jobpulse import LeaseLost
 
 
 def calibrated(seconds: float) -> int:
-    """An ``n`` for which ``sum(range(n))`` takes about ``seconds`` on this machine now."""
-    n = 2_000_000
-    while True:
+    """An ``n`` for which ``sum(range(n))`` takes at least about ``seconds`` on this machine:
+    sized by the fastest of five timed runs (a run slowed by other processes would make ``n``
+    too small; other processes can only make the long call longer)."""
+
+    def timed(n: int) -> float:
         started = time.perf_counter()
         sum(range(n))
-        took = time.perf_counter() - started
-        if took > 0.2:
-            return int(n * seconds / took)
-        n *= 4
+        return time.perf_counter() - started
+
+    n = 1_000_000
+    while timed(n) < 0.05:
+        n *= 2
+    return int(n * seconds / min(timed(n) for _ in range(5)))
 
 
 def say(*words: object) -> None:

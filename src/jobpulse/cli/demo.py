@@ -136,16 +136,18 @@ def run_job(
 
 
 def hold_gil(seconds: float) -> int:
-    """Hold the GIL for about ``seconds`` in ONE C call (``sum(range(n))``, n calibrated)."""
-    n = 1_000_000
-    while True:
+    """Hold the GIL for at least about ``seconds`` in ONE C call (``sum(range(n))``, ``n`` sized
+    by the fastest of five timed runs: other processes only make the long call longer)."""
+
+    def timed(n: int) -> float:
         started = time.perf_counter()
         sum(range(n))
-        took = time.perf_counter() - started
-        if took > 0.05:
-            break
-        n *= 4
-    return sum(range(int(n * seconds / took)))
+        return time.perf_counter() - started
+
+    n = 1_000_000
+    while timed(n) < 0.05:
+        n *= 2
+    return sum(range(int(n * seconds / min(timed(n) for _ in range(5)))))
 
 
 async def _job(url: str, namespace: str, job_id: str, items: int, seconds: float, gil: bool) -> str:
