@@ -100,6 +100,41 @@ async def test_a_live_task_past_visibility_timeout_runs_once_with_jobpulse_only(
         assert await _runs(redis, ns, task_id) > 1  # restored at +3 s beside the first run
 
 
+async def test_prefetched_tasks_waiting_past_visibility_timeout_run_once(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery
+) -> None:
+    # One thread and Celery's default prefetch multiplier (4): the worker holds all three
+    # deliveries, and the last waits 6 s for the slot, twice visibility_timeout (3 s). A first
+    # version kept only the running task's delivery fresh: the waiting ones were restored and
+    # ran again (the run: one message twice, another three times).
+    spawn(WORKER, redis_url, ns, "jobpulse", "threads", "1")
+    results = [_send(app, "sleeper", f"{ns}-{n}", 3) for n in range(3)]
+    for res in results:
+        assert await _result(res, 30) == "slept"
+    await asyncio.sleep(2)  # a restored copy would be delivered and started by now
+    assert [await _runs(redis, ns, f"{ns}-{n}") for n in range(3)] == [1, 1, 1]
+
+
+async def test_a_killed_workers_prefetched_task_is_restored_once(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery, reader: StatusReader
+) -> None:
+    # Held while the worker lives, handed back once it is dead: the waiting delivery is not
+    # kept fresh by anything after the SIGKILL.
+    first = spawn(WORKER, redis_url, ns, "jobpulse", "threads", "1")
+    res = _send(app, "resumable", f"{ns}-1")
+    waiting = _send(app, "probe", f"{ns}-2")
+    await eventually(lambda: redis.exists(f"{ns}:checkpointed:{ns}-1"), within=10)
+    await asyncio.sleep(4)  # the waiting delivery is past visibility_timeout, still held
+    assert await _runs(redis, ns, f"{ns}-2") == 0
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+
+    spawn(WORKER, redis_url, ns, "jobpulse", "threads", "1")
+    assert await _result(waiting, 15) == "heartbeat"
+    assert await _result(res, 15) == {"resumed_from": {"step": 5}, "attempt": 2}
+    assert [await _runs(redis, ns, f"{ns}-{n}") for n in (1, 2)] == [2, 1]
+
+
 async def test_a_killed_workers_task_is_stale_within_ttl_then_resumed_once(
     spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery, reader: StatusReader
 ) -> None:
@@ -227,6 +262,30 @@ async def test_a_rejected_task_is_failed_in_jobpulse_not_completed(
     assert final.state is JobState.FAILED
     assert final.error == "Reject: ('not for this worker', False)"
     assert await _runs(redis, ns, task_id) == 1
+
+
+async def test_an_ignored_task_is_failed_in_jobpulse_not_completed(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery, reader: StatusReader
+) -> None:
+    task_id = f"{ns}-1"
+    spawn(WORKER, redis_url, ns, "jobpulse")
+    _send(app, "ignorer", task_id)
+    final = await eventually(lambda: _final(reader, task_id), within=10)
+    assert (final.state, final.error) == (JobState.FAILED, "Ignore: handled elsewhere")
+    assert await _runs(redis, ns, task_id) == 1
+
+
+async def test_a_replaced_task_ends_with_its_replacement_as_a_second_run(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery, reader: StatusReader
+) -> None:
+    # task.replace(): Celery IGNORED for the first body, the replacement runs under the same id
+    task_id = f"{ns}-1"
+    spawn(WORKER, redis_url, ns, "jobpulse")
+    res = _send(app, "replacer", task_id)
+    assert await _result(res, 15) == "heartbeat"
+    final = await eventually(lambda: _final(reader, task_id), within=5)
+    assert (final.state, final.attempt, final.kind) == (JobState.COMPLETED, 2, "probe")
+    assert await _runs(redis, ns, task_id) == 2
 
 
 def _gone(pid: int) -> bool:

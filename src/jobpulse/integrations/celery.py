@@ -40,19 +40,59 @@ import os
 import sys
 import threading
 import time
+import weakref
 from typing import Any
 
 import redis as redis_sync
 from celery import Celery, signals  # type: ignore[import-untyped]
 
+from .._protocol.ratelimit import RateLimitedLog
 from ..errors import JobCancelled
-from ._common import PulseOptions, pulse_sync
+from ._common import PulseOptions, pulse_sync, refresh_delays
 
 __all__ = ["instrument"]
 
 log = logging.getLogger("jobpulse.integrations")
 
 _SOCKET_TIMEOUT = 2.0  # a blocking command of jobpulse or of the refresh is bounded by this
+
+
+class _Rescore:
+    """Re-scores deliveries' ``unacked_index`` entries through a kombu channel of the broker's own
+    transport (``redis://``, ``rediss://``, ``redis+socket://``, ``sentinel://``): the key, the
+    ``global_keyprefix`` and ``visibility_timeout`` are the ones kombu itself uses."""
+
+    def __init__(self, connection: Any, claim_ttl: float) -> None:
+        self.connection = connection  # kept: the channel lives as long as its connection
+        channel = connection.default_channel
+        self.client = channel.client
+        self.key = channel.unacked_index_key
+        self.behind = max(0.0, float(channel.visibility_timeout) - claim_ttl)
+
+    def __call__(self, tags: list[str]) -> None:
+        # XX: never re-creates an entry kombu removed (acked, or restored already)
+        now = time.time() - self.behind
+        self.client.zadd(self.key, dict.fromkeys(tags, now), xx=True)
+
+
+def _is_redis_transport(app: Celery) -> bool:
+    """Whether the app's broker is one of kombu's Redis transports (no connection is made)."""
+    from kombu.transport.redis import Transport
+
+    connection = app.connection_for_write()
+    try:
+        return isinstance(connection.transport, Transport)
+    finally:
+        connection.release()
+
+
+def _client_url(url: str) -> str | None:
+    """The URL of a ``redis.Redis`` for jobpulse's own writes, from a broker URL, or None."""
+    if url.startswith(("redis://", "rediss://", "unix://")):
+        return url
+    if url.startswith("redis+socket://"):
+        return "unix://" + url.removeprefix("redis+socket://")
+    return None
 
 
 class _Instrumented:
@@ -64,50 +104,99 @@ class _Instrumented:
         # keyed by (task id, thread): prerun and postrun of a task run in one thread, and a
         # duplicate delivery of the same id in another thread must not end this one's heartbeat
         self.running: dict[tuple[str, int], contextlib.ExitStack] = {}
+        # the deliveries the worker's consumer received and has not acknowledged: prefetched
+        # (waiting for a pool slot), scheduled (ETA/countdown), rate-limited, running
+        self.held: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.keeper: threading.Thread | None = None
+        self.stopped = threading.Event()
         self.lock = threading.Lock()
-        self._clients: dict[int, tuple[Any, Any]] = {}  # pid -> (jobpulse client, broker client)
+        self._clients: dict[int, tuple[Any, _Rescore | None]] = {}  # pid -> (jobpulse, re-score)
+        os.register_at_fork(after_in_child=self._after_fork)
 
-    def clients(self) -> tuple[Any, Any]:
-        """This process's clients (a prefork child gets its own: never a connection across fork)."""
+    def _after_fork(self) -> None:
+        # a prefork child: the parent's threads are not here, and a lock one of them held at the
+        # fork would never be released
+        self.lock = threading.Lock()
+        self.held = weakref.WeakSet()
+        self.keeper = None
+
+    def clients(self) -> tuple[Any, _Rescore | None]:
+        """This process's clients (a prefork child gets its own: never a connection across fork):
+        jobpulse's, and the re-score of deliveries (None when the broker keeps no unacked index)."""
         pid = os.getpid()
         with self.lock:
             if pid not in self._clients:
-                url = str(self.app.conf.broker_url or "")
-                broker = None
-                if url.startswith(("redis://", "rediss://", "unix://")):
-                    broker = redis_sync.Redis.from_url(url, socket_timeout=_SOCKET_TIMEOUT)
-                ours = self.options.redis if self.options.redis is not None else broker
+                ours = self.options.redis
                 if ours is None:
-                    raise ValueError(
-                        "jobpulse.integrations.celery: the broker is not Redis; pass redis="
+                    url = _client_url(str(self.app.conf.broker_url or ""))
+                    if url is None:
+                        raise ValueError(_NOT_REDIS)
+                    ours = redis_sync.Redis.from_url(url, socket_timeout=_SOCKET_TIMEOUT)
+                rescore = None
+                if _is_redis_transport(self.app):
+                    connection = self.app.connection_for_write(
+                        transport_options={
+                            "socket_timeout": _SOCKET_TIMEOUT,
+                            "socket_connect_timeout": _SOCKET_TIMEOUT,
+                        }
                     )
-                self._clients[pid] = (ours, broker)
+                    if connection.default_channel.ack_emulation:
+                        rescore = _Rescore(connection, self.options.claim_ttl)
+                self._clients[pid] = (ours, rescore)
             return self._clients[pid]
 
-    def refresher(self, broker: Any, task: Any) -> Any:
+    def refresher(self, rescore: _Rescore | None, task: Any) -> Any:
         """The re-score of this delivery's ``unacked_index`` entry, or None (not Redis)."""
-        if broker is None:
+        if rescore is None:
             return None
         tag = (getattr(task.request, "properties", None) or {}).get("delivery_tag")
         if tag is None:
             return None
-        topts = dict(self.app.conf.broker_transport_options or {})
-        key = str(topts.get("global_keyprefix", "")) + str(
-            topts.get("unacked_index_key", "unacked_index")
-        )
-        behind = max(0.0, float(topts.get("visibility_timeout", 3600)) - self.options.claim_ttl)
+        return lambda: rescore([tag])
 
-        def refresh() -> None:
-            # XX: never re-creates an entry kombu removed (acked, or restored already)
-            broker.zadd(key, {tag: time.time() - behind}, xx=True)
+    def received(self, request: Any) -> None:
+        """The consumer received ``request``: keep its delivery fresh until it is acknowledged
+        (its task's own heartbeat takes over while the task runs)."""
+        with self.lock:
+            self.held.add(request)
+            if self.keeper is not None:
+                return
+            self.keeper = threading.Thread(
+                target=self._keep_held, name="jobpulse-held-deliveries", daemon=True
+            )
+            self.keeper.start()
 
-        return refresh
+    def _keep_held(self) -> None:
+        """Every ``interval``, re-score the deliveries this worker holds that no task runs: a
+        delivery waiting for a pool slot, an ETA or a rate limit is never restored while the
+        worker lives. The thread dies with the worker: a dead worker's deliveries become
+        restorable ``ttl + interval`` after its last re-score."""
+        from celery.worker import state  # type: ignore[import-untyped]
+
+        warn = RateLimitedLog(log, time.monotonic)
+        for delay in refresh_delays(self.options.interval):
+            if self.stopped.wait(delay):
+                return
+            with self.lock:
+                for request in [r for r in self.held if r.message.acknowledged]:
+                    self.held.discard(request)
+                held = list(self.held)
+            # a running task's delivery is its heartbeat's to keep (while it holds the lease)
+            tags = [r.message.delivery_tag for r in held if r not in state.active_requests]
+            if not tags:
+                continue
+            try:
+                _, rescore = self.clients()
+                if rescore is not None:
+                    rescore(tags)
+            except Exception as exc:  # a fault here must never stop the worker
+                warn.warning("could not refresh the worker's held deliveries: %r", exc)
 
     def prerun(self, task_id: str, task: Any, **_: Any) -> None:
-        ours, broker = self.clients()
+        ours, rescore = self.clients()
         stack = contextlib.ExitStack()
         stack.enter_context(
-            pulse_sync(self.options, ours, task_id, task.name, self.refresher(broker, task))
+            pulse_sync(self.options, ours, task_id, task.name, self.refresher(rescore, task))
         )
         with self.lock:
             self.running[task_id, threading.get_ident()] = stack
@@ -124,11 +213,22 @@ class _Instrumented:
             # COMPLETED: the job was stopped from outside.
             stopped = _interrupted(sys.exc_info()[1])
             stack.__exit__(JobCancelled, stopped, None)
-        elif state in ("FAILURE", "RETRY", "REJECTED") and isinstance(retval, BaseException):
+        elif state in _NOT_DONE and isinstance(retval, BaseException):
             if not stack.__exit__(type(retval), retval, retval.__traceback__):
                 return  # the heartbeat re-raised the task's own exception: recorded FAILED
         else:
             stack.__exit__(None, None, None)
+
+
+#: The states of a body that ended without doing its job: recorded FAILED with the exception.
+#: IGNORED is ``raise Ignore()``, and ``task.replace()``, whose replacement runs under the same
+#: task id: a new jobpulse run of the job.
+_NOT_DONE = ("FAILURE", "RETRY", "REJECTED", "IGNORED")
+
+_NOT_REDIS = (
+    "jobpulse.integrations.celery: jobpulse writes to Redis, and the broker URL is not "
+    "redis://, rediss:// or unix:// (redis+socket://); pass redis= (a redis.Redis)"
+)
 
 
 def _interrupted(exc: BaseException | None) -> JobCancelled:
@@ -170,6 +270,8 @@ def instrument(
     options = PulseOptions(interval=interval, ttl=ttl, namespace=namespace, redis=redis)
     if getattr(app, "_jobpulse", None) is not None:
         return app
+    if redis is None and _client_url(str(app.conf.broker_url or "")) is None:
+        raise ValueError(_NOT_REDIS)
     hooks = _Instrumented(app, options)
     app._jobpulse = hooks
 
@@ -181,6 +283,15 @@ def instrument(
         if task is not None and task.app is app:
             hooks.postrun(task_id, kw.get("state"), kw.get("retval"))
 
+    def received(sender: Any = None, request: Any = None, **kw: Any) -> None:
+        if request is not None and getattr(request.task, "app", None) is app:
+            hooks.received(request)
+
+    def shutdown(sender: Any = None, **kw: Any) -> None:
+        hooks.stopped.set()
+
     signals.task_prerun.connect(prerun, weak=False)
     signals.task_postrun.connect(postrun, weak=False)
+    signals.task_received.connect(received, weak=False)
+    signals.worker_shutdown.connect(shutdown, weak=False)
     return app
