@@ -3,6 +3,7 @@ Redis."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -18,6 +19,7 @@ from rq import Queue, Retry
 from rq.command import send_stop_job_command
 from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry, StartedJobRegistry
+from rq.worker import Worker
 
 from jobpulse import JobCancelled, JobState, StatusReader, Sweeper, request_cancel
 from jobpulse._worker.arena import NAME_PREFIX
@@ -118,6 +120,28 @@ async def test_a_live_job_past_the_registry_ttl_runs_once_with_jobpulse_only(
             return await _count(redis, ns, "runs", job_id) > 1
 
         await eventually(run_again, within=10)  # abandoned at +3 s and retried beside the first
+
+
+async def test_a_busy_worker_stays_in_rqs_worker_registry(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, queue: Queue
+) -> None:
+    # RQ's default job_monitoring_interval (30 s), maintenance every 1 s by the idle second worker.
+    # A first version gave the worker's own key the 3 s registry TTL: it expired a few seconds
+    # into the job, maintenance dropped the worker from rq:workers and nothing added it back.
+    job_id = f"{ns}-1"
+    spawn(WORKER, redis_url, ns, "jobpulse")
+    spawn(WORKER, redis_url, ns, "jobpulse")
+    job = _enqueue(queue, job_id, "sleeper", ns, 8)
+    await eventually(lambda: redis.lindex(f"{ns}:pids:{job_id}", 0), within=10)
+    await asyncio.sleep(5)  # past the 3 s TTL, several maintenance runs later
+    busy = Job.fetch(job_id, connection=queue.connection).worker_name
+    workers = {w.name: w for w in Worker.all(queue=queue)}
+    assert len(workers) == 2
+    assert busy in workers
+    assert workers[busy].get_state() == "busy"
+    await eventually(_status(job), within=15)
+    assert job.get_status() is JobStatus.FINISHED
+    assert len(Worker.all(queue=queue)) == 2
 
 
 @pytest.mark.parametrize("mode", ["jobpulse", "plain"])

@@ -79,6 +79,15 @@ def worker_class(
         def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
             return claim
 
+        def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+            # RQ also gives get_heartbeat_ttl() (the claim, seconds) to the worker's own key when
+            # a job starts, and refreshes that key only every job_monitoring_interval: it would
+            # expire mid-job and maintenance would drop the worker from rq:workers for good.
+            # The worker's key keeps at least what RQ gives it while a job runs.
+            if timeout is not None:
+                timeout = max(timeout, self.job_monitoring_interval + 60)
+            super().heartbeat(timeout, pipeline=pipeline)
+
         def perform_job(self, job: Job, queue: Any, execution: Any) -> bool:
             perform = job.perform
             parent = os.getppid() if getattr(self, "_is_horse", False) else None
