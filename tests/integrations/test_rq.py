@@ -23,6 +23,7 @@ from rq.worker import Worker
 
 from jobpulse import JobCancelled, JobState, StatusReader, Sweeper, request_cancel
 from jobpulse._worker.arena import NAME_PREFIX
+from tests.integrations.order import final_write, first_line, monitor
 from tests.support import eventually
 
 pytestmark = pytest.mark.usefixtures("queue_keys")
@@ -120,6 +121,21 @@ async def test_a_live_job_past_the_registry_ttl_runs_once_with_jobpulse_only(
             return await _count(redis, ns, "runs", job_id) > 1
 
         await eventually(run_again, within=10)  # abandoned at +3 s and retried beside the first
+
+
+async def test_jobpulses_final_write_comes_after_rq_stored_the_result(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, queue: Queue, reader: StatusReader
+) -> None:
+    # a first version ended the heartbeat around job.perform(), before RQ recorded the result
+    job_id = f"{ns}-1"
+    spawn(WORKER, redis_url, ns, "jobpulse")
+    async with monitor(redis_url) as mon:
+        job = _enqueue(queue, job_id, "progress", ns, 4)
+        await eventually(lambda: _final(reader, job_id), within=15)
+        await eventually(_status(job), within=5)
+    stored = first_line(mon, "XADD", f"rq:results:{job_id}")
+    final = final_write(mon, job_id, "COMPLETED")
+    assert 0 <= stored < final
 
 
 async def test_a_busy_worker_stays_in_rqs_worker_registry(

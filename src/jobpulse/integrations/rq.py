@@ -33,6 +33,8 @@ Cancel: ``jobpulse.request_cancel()`` reaches the job through ``current().check(
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import math
 import os
 from typing import Any
@@ -43,6 +45,8 @@ from rq.worker import Worker
 from ._common import PulseOptions, pulse_sync
 
 __all__ = ["worker_class"]
+
+log = logging.getLogger("jobpulse.integrations")
 
 
 def worker_class(
@@ -92,6 +96,8 @@ def worker_class(
             perform = job.perform
             parent = os.getppid() if getattr(self, "_is_horse", False) else None
             connection = self.connection
+            held = contextlib.ExitStack()  # the job's heartbeat, from the body's start
+            ended: list[BaseException | None] = []  # how the body ended
 
             def orphaned() -> None:
                 if parent is not None and os.getppid() != parent:
@@ -104,10 +110,37 @@ def worker_class(
 
             def run() -> Any:
                 name = job.func_name or ""
-                with pulse_sync(options, connection, job.id, name, refresh, watch=orphaned):
-                    return perform()
+                held.enter_context(
+                    pulse_sync(options, connection, job.id, name, refresh, watch=orphaned)
+                )
+                try:
+                    value = perform()
+                except BaseException as exc:
+                    ended.append(exc)
+                    raise
+                ended.append(None)
+                return value
 
             job.perform = run  # type: ignore[method-assign]
-            return bool(super().perform_job(job, queue, execution))
+            try:
+                return bool(super().perform_job(job, queue, execution))
+            finally:
+                # after RQ recorded the job's result or failure: jobpulse's final write is last
+                _end(held, ended[0] if ended else None, job.id)
 
     return JobpulseWorker
+
+
+def _end(held: contextlib.ExitStack, exc: BaseException | None, job_id: str) -> None:
+    """Leave the job's heartbeat (if the body entered it) as the body ended. RQ has recorded the
+    job already: what the heartbeat raises now (the body's own exception, ``JobCancelled`` of a
+    body that returned after a cancel request, ``LeaseLost``) changes nothing there, and must not
+    end the work horse with an error (RQ would then take the job for a crashed one)."""
+    try:
+        if exc is None:
+            held.__exit__(None, None, None)
+        else:
+            held.__exit__(type(exc), exc, exc.__traceback__)
+    except BaseException as raised:
+        if raised is not exc:
+            log.info("job %s: %r (recorded by jobpulse; RQ's record stands)", job_id, raised)
