@@ -24,6 +24,7 @@ from celery.result import AsyncResult
 from jobpulse import JobCancelled, JobState, StatusReader, Sweeper, request_cancel
 from jobpulse._provision import free_port, server_binary
 from jobpulse._worker.arena import NAME_PREFIX
+from tests.integrations.order import final_write, first_line, monitor
 from tests.support import eventually
 
 pytestmark = pytest.mark.usefixtures("queue_keys")
@@ -89,6 +90,19 @@ async def test_progress_is_live_then_completed_and_celery_keeps_its_result(
     done = await eventually(lambda: _final(reader, task_id), within=5)  # task_postrun writes it
     assert (done.state, done.done, done.attempt) == (JobState.COMPLETED, 40, 1)
     assert await _runs(redis, ns, task_id) == 1
+
+
+async def test_jobpulses_final_write_comes_after_celery_stored_the_result(
+    spawn: Spawn, redis_url: str, ns: str, app: Celery, reader: StatusReader
+) -> None:
+    task_id = f"{ns}-1"
+    spawn(WORKER, redis_url, ns, "jobpulse")
+    async with monitor(redis_url) as mon:
+        res = _send(app, "progress", task_id, 4)
+        assert await _result(res, 15) == {"items": 4, "job": task_id}
+        await eventually(lambda: _final(reader, task_id), within=5)
+    stored = first_line(mon, "SETEX", f"{ns}:celery-task-meta-{task_id}")
+    assert 0 <= stored < final_write(mon, task_id, "COMPLETED")
 
 
 @pytest.mark.parametrize("mode", ["jobpulse", "plain"])
