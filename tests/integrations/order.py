@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from urllib.parse import urlsplit
 
-from tests.support import Monitor
+from tests.support import Monitor, eventually
 
 
 def monitor(redis_url: str) -> Monitor:
@@ -29,3 +29,14 @@ def final_write(mon: Monitor, job_id: str, status: str) -> int:
         if " lua]" not in line and job_id in line and f'"{status}"' in line:
             return index
     return -1
+
+
+async def final_write_seen(mon: Monitor, job_id: str, status: str) -> int:
+    """:func:`final_write` once MONITOR's stream brought it here: a reader may see the final
+    state before this connection has read the line that wrote it."""
+
+    async def seen() -> int | None:
+        index = final_write(mon, job_id, status)
+        return None if index < 0 else index + 1
+
+    return await eventually(seen, within=5) - 1

@@ -24,7 +24,7 @@ from celery.result import AsyncResult
 from jobpulse import JobCancelled, JobState, StatusReader, Sweeper, request_cancel
 from jobpulse._provision import free_port, server_binary
 from jobpulse._worker.arena import NAME_PREFIX
-from tests.integrations.order import final_write, first_line, monitor
+from tests.integrations.order import final_write_seen, first_line, monitor
 from tests.support import eventually
 
 pytestmark = pytest.mark.usefixtures("queue_keys")
@@ -93,16 +93,16 @@ async def test_progress_is_live_then_completed_and_celery_keeps_its_result(
 
 
 async def test_jobpulses_final_write_comes_after_celery_stored_the_result(
-    spawn: Spawn, redis_url: str, ns: str, app: Celery, reader: StatusReader
+    spawn: Spawn, redis_url: str, ns: str, app: Celery
 ) -> None:
     task_id = f"{ns}-1"
     spawn(WORKER, redis_url, ns, "jobpulse")
     async with monitor(redis_url) as mon:
         res = _send(app, "progress", task_id, 4)
         assert await _result(res, 15) == {"items": 4, "job": task_id}
-        await eventually(lambda: _final(reader, task_id), within=5)
+        final = await final_write_seen(mon, task_id, "COMPLETED")
     stored = first_line(mon, "SETEX", f"{ns}:celery-task-meta-{task_id}")
-    assert 0 <= stored < final_write(mon, task_id, "COMPLETED")
+    assert 0 <= stored < final
 
 
 @pytest.mark.parametrize("mode", ["jobpulse", "plain"])

@@ -116,3 +116,8 @@ def test_dramatiq_checks_options_and_adds_one_middleware() -> None:
     assert [m for m in broker.middleware if isinstance(m, jp_dramatiq.JobpulseMiddleware)] == [
         first
     ]
+    # the heartbeat is entered last of the before hooks, and left last of the after hooks
+    assert broker.middleware[-1] is first
+    finals = [m for m in broker.middleware if isinstance(m, jp_dramatiq._FinalWrite)]
+    assert finals == [broker.middleware[0]]
+    assert finals[0].pulse is first

@@ -23,7 +23,7 @@ from rq.worker import Worker
 
 from jobpulse import JobCancelled, JobState, StatusReader, Sweeper, request_cancel
 from jobpulse._worker.arena import NAME_PREFIX
-from tests.integrations.order import final_write, first_line, monitor
+from tests.integrations.order import final_write_seen, first_line, monitor
 from tests.support import eventually
 
 pytestmark = pytest.mark.usefixtures("queue_keys")
@@ -124,17 +124,16 @@ async def test_a_live_job_past_the_registry_ttl_runs_once_with_jobpulse_only(
 
 
 async def test_jobpulses_final_write_comes_after_rq_stored_the_result(
-    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, queue: Queue, reader: StatusReader
+    spawn: Spawn, redis_url: str, ns: str, queue: Queue
 ) -> None:
     # a first version ended the heartbeat around job.perform(), before RQ recorded the result
     job_id = f"{ns}-1"
     spawn(WORKER, redis_url, ns, "jobpulse")
     async with monitor(redis_url) as mon:
         job = _enqueue(queue, job_id, "progress", ns, 4)
-        await eventually(lambda: _final(reader, job_id), within=15)
-        await eventually(_status(job), within=5)
+        await eventually(_status(job), within=15)
+        final = await final_write_seen(mon, job_id, "COMPLETED")
     stored = first_line(mon, "XADD", f"rq:results:{job_id}")
-    final = final_write(mon, job_id, "COMPLETED")
     assert 0 <= stored < final
 
 
