@@ -135,6 +135,17 @@ async def test_prefetched_tasks_waiting_past_visibility_timeout_run_once(
     assert [await _runs(redis, ns, f"{ns}-{n}") for n in range(3)] == [1, 1, 1]
 
 
+async def test_a_countdown_past_visibility_timeout_runs_once(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery
+) -> None:
+    # the worker holds the delivery for 6 s (visibility_timeout 3 s) before the task starts
+    spawn(WORKER, redis_url, ns, "jobpulse")
+    res = app.send_task("probe", task_id=f"{ns}-1", countdown=6)
+    assert await _result(res, 20) == "heartbeat"
+    await asyncio.sleep(2)  # a restored copy would be delivered and started by now
+    assert await _runs(redis, ns, f"{ns}-1") == 1
+
+
 async def test_a_killed_workers_prefetched_task_is_restored_once(
     spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery, reader: StatusReader
 ) -> None:

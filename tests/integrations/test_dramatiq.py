@@ -133,6 +133,19 @@ async def test_a_live_message_past_heartbeat_timeout_runs_once_dramatiqs_own_hea
     assert await _runs(redis, ns, message.message_id) == 1
 
 
+async def test_prefetched_messages_waiting_past_heartbeat_timeout_run_once(
+    spawn: Spawn, redis: aioredis.Redis, redis_url: str, ns: str, client: Client
+) -> None:
+    # one worker of two threads and Dramatiq's default prefetch (twice that): two of four 4 s
+    # actors wait 4 s for a thread, past heartbeat_timeout (3 s), with maintenance on every
+    # fetch; the live process keeps them
+    spawn(WORKER, redis_url, ns, "jobpulse")
+    messages = [client.send("sleeper", 4) for _ in range(4)]
+    for message in messages:
+        assert await client.result(message, 20) == "slept"
+    assert [await _runs(redis, ns, m.message_id) for m in messages] == [1, 1, 1, 1]
+
+
 async def test_a_killed_workers_message_is_stale_within_ttl_then_resumed_once(
     spawn: Spawn,
     redis_url: str,

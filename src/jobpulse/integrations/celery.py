@@ -18,8 +18,15 @@ the ``unacked_index`` sorted set, scored by delivery time, and restores every en
 entry is re-scored every ``interval`` to ``now - visibility_timeout + ttl + interval``: a live task
 is never restored, and a dead worker's task becomes restorable ``ttl + interval`` seconds after its
 last refresh (then restored by the next scan, every ``unacked_restore_interval`` *
-``unacked_restore_throttle`` seconds), whatever ``visibility_timeout`` is. Without ``acks_late``
-the message is acked before the task runs and nothing is redelivered.
+``unacked_restore_throttle`` seconds), whatever ``visibility_timeout`` is. The deliveries the
+worker holds for tasks that do not run yet (prefetched, ETA/countdown, rate-limited) are
+re-scored the same way by one thread per worker process, which dies with it. The re-score goes
+through a channel of kombu's own Redis transport (``redis://``, ``rediss://``,
+``redis+socket://``, ``sentinel://``). Without ``acks_late`` the message is acked before the task
+runs and nothing is redelivered.
+
+Order: Celery stores the result, then sends ``task_postrun``, where jobpulse writes the final
+state.
 
 Cancel: ``jobpulse.request_cancel()`` reaches the task through ``current().check()``, which
 raises ``JobCancelled``; Celery records the task FAILURE with that exception (acked, not
@@ -259,13 +266,16 @@ def instrument(
         ttl: the heartbeat's lease time (a dead worker's task is STALE after at most ``ttl``).
         namespace: jobpulse's key prefix.
         redis: the ``redis.Redis`` client jobpulse writes to; None uses one from the broker URL
-            (the broker must then be Redis).
+            (which must then be ``redis://``, ``rediss://`` or ``unix://``; a ``sentinel://``
+            broker needs ``redis=``).
 
     Returns:
         The app.
 
     Raises:
-        ValueError, TypeError: an option is out of range (checked here, before any Redis command).
+        ValueError, TypeError: an option is out of range, or ``redis`` is None and the broker
+            URL is not ``redis://``, ``rediss://`` or ``unix://`` (``redis+socket://``) (checked
+            here, before any Redis command).
     """
     options = PulseOptions(interval=interval, ttl=ttl, namespace=namespace, redis=redis)
     if getattr(app, "_jobpulse", None) is not None:

@@ -7,12 +7,13 @@ Install it as the worker class (``pip install "jobpulse[rq]"``)::
 
     JobpulseWorker = worker_class(ttl=6.0)
 
-    # shell: rq worker -w myapp.worker.JobpulseWorker --maintenance-interval 10 reports
+    # shell: rq worker -w myapp.worker.JobpulseWorker --maintenance-interval 10 \
+    #            --worker-ttl 25 reports
 
 Each job then runs inside ``jobpulse.sync.heartbeat(connection, job_id_for(job.id),
 kind=job.func_name)``, entered in the process that runs the job (the forked work horse;
-``jobpulse.current()`` is that heartbeat there) around ``job.perform()``, so the heartbeat ends
-before RQ records the result.
+``jobpulse.current()`` is that heartbeat there) when ``job.perform()`` starts, and left once RQ
+recorded the job: jobpulse's final write comes after RQ's result.
 
 Claim: RQ takes a job as abandoned once its StartedJobRegistry entry expires (the worker's main
 process refreshes it every ``job_monitoring_interval``, with a TTL of that plus 60 s); the next
@@ -20,6 +21,8 @@ maintenance run (every ``maintenance_interval``, 10 min by default) of any worke
 it (``retries_left``) or fails it with ``AbandonedJobError``. With this worker class the entry's
 TTL is ``ceil(ttl + interval) + 1`` seconds and the heartbeat refreshes it every ``interval`` from
 the work horse while it holds the lease, so a dead job is abandoned seconds after its horse died.
+The worker's own key keeps RQ's ``job_monitoring_interval + 60`` seconds while a job runs, so a
+busy worker stays in RQ's worker registry.
 
 Owner death: the work horse holds the heartbeat, and it belongs to the worker's main process.
 When the main process dies (SIGKILL), the horse notices within ``interval`` (its parent changed)
