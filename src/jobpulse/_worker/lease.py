@@ -19,7 +19,7 @@ __all__ = ["BeatOutcome", "Lease", "classify_beat"]
 
 class BeatOutcome(enum.Enum):
     WRITTEN = "written"
-    RESEND_STATIC = "resend static"  # the snapshot was gone (data loss): resend static fields
+    RESEND_STATIC = "resend static"  # the snapshot lost writes that landed: resend everything
     SEQ_BEHIND = "seq behind"  # lease renewed, snapshot already newer: jump seq forward
     LOST = "lost"
 
