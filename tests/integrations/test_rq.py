@@ -97,7 +97,7 @@ async def test_progress_is_live_then_completed_and_rq_keeps_its_result(
     await eventually(_status(job), within=15)
     assert job.get_status() is JobStatus.FINISHED
     assert job.return_value() == {"items": 40}
-    done = await reader.get(job_id)  # the heartbeat ended before RQ recorded the result
+    done = await eventually(lambda: _final(reader, job_id), within=5)  # just after RQ's record
     assert (done.state, done.done, done.attempt) == (JobState.COMPLETED, 40, 1)
     assert await _count(redis, ns, "runs", job_id) == 1
 
@@ -233,7 +233,8 @@ async def test_request_cancel_fails_the_job_in_rq_with_job_cancelled(
     result = job.latest_result()
     assert result is not None
     assert JobCancelled.__name__ in str(result.exc_string)
-    assert (await reader.get(job_id)).state is JobState.CANCELLED
+    final = await eventually(lambda: _final(reader, job_id), within=5)  # just after RQ's record
+    assert final.state is JobState.CANCELLED
     assert await _count(redis, ns, "runs", job_id) == 1
 
 

@@ -117,19 +117,25 @@ class _Instrumented:
         self.keeper: threading.Thread | None = None
         self.stopped = threading.Event()
         self.lock = threading.Lock()
-        self._clients: dict[int, tuple[Any, _Rescore | None]] = {}  # pid -> (jobpulse, re-score)
+        self._clients: dict[int, Any] = {}  # pid -> jobpulse's client
+        # whether the broker keeps an unacked index (kombu's Redis transports): decided once,
+        # without a connection; the re-score's connection is made on first use, per process
+        self.redis_transport = _is_redis_transport(app)
+        self._rescores: dict[int, _Rescore | None] = {}  # pid -> re-score (None: no ack index)
+        self._rescore_lock = threading.Lock()
         os.register_at_fork(after_in_child=self._after_fork)
 
     def _after_fork(self) -> None:
         # a prefork child: the parent's threads are not here, and a lock one of them held at the
         # fork would never be released
         self.lock = threading.Lock()
+        self._rescore_lock = threading.Lock()
         self.held = weakref.WeakSet()
         self.keeper = None
 
-    def clients(self) -> tuple[Any, _Rescore | None]:
-        """This process's clients (a prefork child gets its own: never a connection across fork):
-        jobpulse's, and the re-score of deliveries (None when the broker keeps no unacked index)."""
+    def client(self) -> Any:
+        """This process's jobpulse client (a prefork child gets its own: never a connection
+        across fork)."""
         pid = os.getpid()
         with self.lock:
             if pid not in self._clients:
@@ -139,31 +145,45 @@ class _Instrumented:
                     if url is None:
                         raise ValueError(_NOT_REDIS)
                     ours = redis_sync.Redis.from_url(url, socket_timeout=_SOCKET_TIMEOUT)
-                rescore = None
-                if _is_redis_transport(self.app):
-                    connection = self.app.connection_for_write(
-                        transport_options={
-                            "socket_timeout": _SOCKET_TIMEOUT,
-                            "socket_connect_timeout": _SOCKET_TIMEOUT,
-                        }
-                    )
-                    if connection.default_channel.ack_emulation:
-                        rescore = _Rescore(connection, self.options.claim_ttl)
-                self._clients[pid] = (ours, rescore)
+                self._clients[pid] = ours
             return self._clients[pid]
 
-    def refresher(self, rescore: _Rescore | None, task: Any) -> Any:
+    def rescore(self, tags: list[str]) -> None:
+        """Re-score these deliveries through this process's kombu channel, made on first use
+        (a refresh, whose faults are logged and tried again: never a task's start)."""
+        pid = os.getpid()
+        with self._rescore_lock:
+            if pid not in self._rescores:
+                connection = self.app.connection_for_write(
+                    transport_options={
+                        "socket_timeout": _SOCKET_TIMEOUT,
+                        "socket_connect_timeout": _SOCKET_TIMEOUT,
+                        "max_retries": 1,
+                        "connect_retries_timeout": _SOCKET_TIMEOUT,
+                    }
+                )
+                ack_index = connection.default_channel.ack_emulation
+                self._rescores[pid] = (
+                    _Rescore(connection, self.options.claim_ttl) if ack_index else None
+                )
+            rescore = self._rescores[pid]
+        if rescore is not None:
+            rescore(tags)
+
+    def refresher(self, task: Any) -> Any:
         """The re-score of this delivery's ``unacked_index`` entry, or None (not Redis)."""
-        if rescore is None:
+        if not self.redis_transport:
             return None
         tag = (getattr(task.request, "properties", None) or {}).get("delivery_tag")
         if tag is None:
             return None
-        return lambda: rescore([tag])
+        return lambda: self.rescore([tag])
 
     def received(self, request: Any) -> None:
         """The consumer received ``request``: keep its delivery fresh until it is acknowledged
         (its task's own heartbeat takes over while the task runs)."""
+        if not self.redis_transport:
+            return
         with self.lock:
             self.held.add(request)
             if self.keeper is not None:
@@ -193,17 +213,14 @@ class _Instrumented:
             if not tags:
                 continue
             try:
-                _, rescore = self.clients()
-                if rescore is not None:
-                    rescore(tags)
+                self.rescore(tags)
             except Exception as exc:  # a fault here must never stop the worker
                 warn.warning("could not refresh the worker's held deliveries: %r", exc)
 
     def prerun(self, task_id: str, task: Any, **_: Any) -> None:
-        ours, rescore = self.clients()
         stack = contextlib.ExitStack()
         stack.enter_context(
-            pulse_sync(self.options, ours, task_id, task.name, self.refresher(rescore, task))
+            pulse_sync(self.options, self.client(), task_id, task.name, self.refresher(task))
         )
         with self.lock:
             self.running[task_id, threading.get_ident()] = stack
