@@ -238,6 +238,27 @@ async def test_request_cancel_fails_the_job_in_rq_with_job_cancelled(
     assert await _count(redis, ns, "runs", job_id) == 1
 
 
+async def test_a_job_returning_after_a_cancel_request_is_finished_in_rq_cancelled_in_jobpulse(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, queue: Queue, reader: StatusReader
+) -> None:
+    # progress() never calls check(): it returns its result; RQ records it before jobpulse's end
+    job_id = f"{ns}-1"
+    spawn(WORKER, redis_url, ns, "jobpulse")
+    job = _enqueue(queue, job_id, "progress", ns, 100)
+
+    async def running() -> bool:
+        return (await reader.get(job_id)).state is JobState.RUNNING
+
+    await eventually(running, within=10)
+    assert await request_cancel(redis, job_id, namespace=ns)
+    await eventually(_status(job), within=15)
+    assert job.get_status() is JobStatus.FINISHED
+    assert job.return_value() == {"items": 100}
+    final = await eventually(lambda: _final(reader, job_id), within=5)
+    assert final.state is JobState.CANCELLED
+    assert await _count(redis, ns, "runs", job_id) == 1
+
+
 async def test_without_the_integration_jobs_run_and_current_is_none(
     spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, queue: Queue, reader: StatusReader
 ) -> None:
