@@ -55,7 +55,7 @@ from celery import Celery, signals  # type: ignore[import-untyped]
 
 from .._protocol.ratelimit import RateLimitedLog
 from ..errors import JobCancelled
-from ._common import PulseOptions, pulse_sync, refresh_delays
+from ._common import PulseOptions, leave_recorded, pulse_sync, refresh_delays
 
 __all__ = ["instrument"]
 
@@ -230,18 +230,17 @@ class _Instrumented:
             stack = self.running.pop((task_id, threading.get_ident()), None)
         if stack is None:
             return
+        # Celery stored the result before sending task_postrun: jobpulse's final write is last
         if state is None:
             # The body never finished: Celery's tracer sends postrun from a `finally` while a
             # BaseException leaves the task — the SystemExit of a prefork child's SIGTERM
             # handler (revoke(terminate=True), a hard time limit), KeyboardInterrupt. Never
             # COMPLETED: the job was stopped from outside.
-            stopped = _interrupted(sys.exc_info()[1])
-            stack.__exit__(JobCancelled, stopped, None)
+            leave_recorded(stack, _interrupted(sys.exc_info()[1]), task_id)
         elif state in _NOT_DONE and isinstance(retval, BaseException):
-            if not stack.__exit__(type(retval), retval, retval.__traceback__):
-                return  # the heartbeat re-raised the task's own exception: recorded FAILED
+            leave_recorded(stack, retval, task_id)  # FAILED, or CANCELLED for JobCancelled
         else:
-            stack.__exit__(None, None, None)
+            leave_recorded(stack, None, task_id)
 
 
 #: The states of a body that ended without doing its job: recorded FAILED with the exception.

@@ -40,7 +40,7 @@ from typing import Any
 from dramatiq import Broker, Middleware
 
 from ..errors import JobCancelled
-from ._common import PulseOptions, pulse_sync
+from ._common import PulseOptions, leave_recorded, pulse_sync
 
 __all__ = ["JobpulseMiddleware", "instrument"]
 
@@ -105,12 +105,8 @@ class JobpulseMiddleware(Middleware):
         """Leave the message's heartbeat: COMPLETED, FAILED or CANCELLED as the actor ended."""
         with self._lock:
             stack = self._running.pop((message.message_id, threading.get_ident()), None)
-        if stack is None:
-            return
-        if exception is None:
-            stack.__exit__(None, None, None)
-        else:
-            stack.__exit__(type(exception), exception, exception.__traceback__)
+        if stack is not None:
+            leave_recorded(stack, exception, message.message_id)
 
 
 class _FinalWrite(Middleware):

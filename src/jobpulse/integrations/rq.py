@@ -37,7 +37,6 @@ Cancel: ``jobpulse.request_cancel()`` reaches the job through ``current().check(
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import os
 from typing import Any
@@ -45,11 +44,9 @@ from typing import Any
 from rq.job import Job
 from rq.worker import Worker
 
-from ._common import PulseOptions, pulse_sync
+from ._common import PulseOptions, leave_recorded, pulse_sync
 
 __all__ = ["worker_class"]
-
-log = logging.getLogger("jobpulse.integrations")
 
 
 def worker_class(
@@ -129,21 +126,6 @@ def worker_class(
                 return bool(super().perform_job(job, queue, execution))
             finally:
                 # after RQ recorded the job's result or failure: jobpulse's final write is last
-                _end(held, ended[0] if ended else None, job.id)
+                leave_recorded(held, ended[0] if ended else None, job.id)
 
     return JobpulseWorker
-
-
-def _end(held: contextlib.ExitStack, exc: BaseException | None, job_id: str) -> None:
-    """Leave the job's heartbeat (if the body entered it) as the body ended. RQ has recorded the
-    job already: what the heartbeat raises now (the body's own exception, ``JobCancelled`` of a
-    body that returned after a cancel request, ``LeaseLost``) changes nothing there, and must not
-    end the work horse with an error (RQ would then take the job for a crashed one)."""
-    try:
-        if exc is None:
-            held.__exit__(None, None, None)
-        else:
-            held.__exit__(type(exc), exc, exc.__traceback__)
-    except BaseException as raised:
-        if raised is not exc:
-            log.info("job %s: %r (recorded by jobpulse; RQ's record stands)", job_id, raised)
