@@ -4,6 +4,7 @@ as the asyncio shell, one beat thread per client, and the sync reader."""
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -16,10 +17,11 @@ import redis.cluster
 
 import jobpulse
 from jobpulse import JobBusy, JobCancelled, JobState, LeaseLost, LeaseLostCause
-from jobpulse._protocol import calls
+from jobpulse._protocol.codec import parse_stream_id
 from jobpulse._protocol.keys import KeySchema
 from jobpulse.sync import StatusReader, heartbeat
 
+from ..support import spawn_ready, stop
 from . import work
 
 
@@ -90,13 +92,33 @@ def test_remote_cancel_reaches_check_and_ends_cancelled(
         pytest.raises(JobCancelled),
         heartbeat(sync_client, "stop-me", namespace=ns, interval=0.05, ttl=1.0) as hb,
     ):
-        script = KeySchema(ns).job("stop-me").all()
-        assert calls.run_sync(cancel, calls.cancel(script, 1000, "")) is calls.CancelCode.REQUESTED
+        assert jobpulse.sync.request_cancel(cancel, "stop-me", namespace=ns, reason="enough")
+        # a second request of the same run is recorded once and still answers True
+        assert jobpulse.sync.request_cancel(cancel, "stop-me", namespace=ns)
         while not hb.cancelled:
             time.sleep(0.01)
         hb.check()
-    cancel.close()
     assert sync_client.hget(keys.state, "status") == b"CANCELLED"
+    requests = [e for e in sync_client.xrange(keys.events) if e[1][b"kind"] == b"cancel"]
+    assert [e[1][b"details"] for e in requests] == [b'{"reason":"enough"}']
+    # ended: nothing to cancel
+    assert jobpulse.sync.request_cancel(cancel, "stop-me", namespace=ns) is False
+    assert jobpulse.sync.request_cancel(cancel, "never-ran", namespace=ns) is False
+    cancel.close()
+
+
+def test_sync_request_cancel_refuses_bad_input_before_any_write(
+    sync_client: redis.Redis, ns: str
+) -> None:
+    with pytest.raises(jobpulse.InvalidJobId):
+        jobpulse.sync.request_cancel(sync_client, "", namespace=ns)
+    with pytest.raises(jobpulse.InvalidJobId):
+        jobpulse.sync.request_cancel(sync_client, "x", namespace="")
+    with pytest.raises(ValueError, match="maxlen"):
+        jobpulse.sync.request_cancel(sync_client, "x", namespace=ns, maxlen=0)
+    with pytest.raises(ValueError, match="reason"):
+        jobpulse.sync.request_cancel(sync_client, "x", namespace=ns, reason="r" * 5000)
+    assert list(sync_client.scan_iter(match=f"{ns}:*")) == []
 
 
 def test_stolen_lease_raises_lease_lost_at_exit(sync_client: redis.Redis, ns: str) -> None:
@@ -188,6 +210,31 @@ def test_sync_reader_get_wait_and_watch(sync_client: redis.Redis, ns: str) -> No
     assert kinds[-1] == "end"
 
 
+def test_sync_watch_of_a_killed_worker_ends_with_a_resumable_stale_verdict(
+    sync_client: redis.Redis, redis_url: str, ns: str
+) -> None:
+    """The sync reader's synthetic ``stale`` has a time (the verdict's) and an id of its own,
+    after every entry of the stream: resuming from it repeats no entry."""
+    worker = spawn_ready("tests.integration.worker_proc", redis_url, ns, "killed", "1.0")
+    try:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+    finally:
+        stop(worker)
+    reader = StatusReader(sync_client, namespace=ns, cache_ttl=0.0, watch_block=0.2)
+    events = list(reader.watch("killed"))
+    real = [eid.decode() for eid, _ in sync_client.xrange(KeySchema(ns).job("killed").events)]
+    assert [e.id for e in events[:-1]] == real
+    last = events[-1]
+    assert (last.kind, last.status, last.synthetic) == ("stale", "STALE", True)
+    assert parse_stream_id(last.id) > parse_stream_id(real[-1])
+    assert last.ts is not None
+    assert events[-2].ts is not None
+    assert last.ts >= events[-2].ts + 1.0  # at least one ttl after the last entry
+    (again,) = list(reader.watch("killed", last_event_id=last.id))
+    assert (again.kind, again.synthetic) == ("stale", True)
+
+
 @pytest.mark.xdist_group("cpu")  # burners never overlap on parallel workers (README)
 def test_sync_body_beside_cpu_bound_threads_is_never_stale(
     sync_client: redis.Redis, ns: str
@@ -229,6 +276,16 @@ def test_sync_shell_and_reader_on_a_cluster(redis_cluster: Any, ns: str) -> None
             assert hb.checkpoint(at=1) is True
             hb.progress.advance(2)
             assert reader.get("clustered").state is JobState.RUNNING
+        assert jobpulse.sync.request_cancel(client, "clustered", namespace=ns) is False
+        with (
+            pytest.raises(JobCancelled),
+            heartbeat(client, "c2", namespace=ns, interval=0.05) as c2,
+        ):
+            assert jobpulse.sync.request_cancel(client, "c2", namespace=ns) is True
+            while not c2.cancelled:
+                time.sleep(0.01)
+            c2.check()
+        assert reader.get("c2").state is JobState.CANCELLED
         status = reader.get("clustered")
         assert status.state is JobState.COMPLETED
         assert status.done == 2

@@ -22,6 +22,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from .clock import clock_of
 from .cluster import execute, is_async_cluster
+from .codec import text
 from .errors import is_noscript
 from .scripts import SCRIPTS, Script
 
@@ -119,11 +120,6 @@ class BeatReply:
     cancel: bool
     now_ms: int  # 0 when refused (the script answers before reading the clock)
     snapshot_seq: int
-
-
-def text(value: Any) -> str:
-    """A reply element as text (redis-py answers bytes unless ``decode_responses``)."""
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def decode_beat(reply: Any) -> BeatReply:

@@ -59,6 +59,12 @@ class Lease:
         """Monotonic time after which the lease may have expired on the server."""
         return self.renewed_at + self.ttl
 
+    def held_at(self, now: float) -> bool:
+        """True while the worker may act as the lease's holder: not lost, and its deadline (by
+        the local monotonic clock) not passed. The rule a queue integration's claim keeper asks
+        before each refresh of the queue's claim, in both shells."""
+        return self.lost is None and self.deadline > now
+
     def left(self, now: float) -> float:
         return self.deadline - now
 
