@@ -122,6 +122,24 @@ def replacer(self: Any) -> Any:
     return self.replace(probe.s())
 
 
+class SlowReplace(app.Task):  # type: ignore[name-defined,misc]
+    """``task.replace()`` whose run ends 1 s after the replacement was sent: the replacement
+    starts while the run it replaces still holds the job."""
+
+    def on_replace(self, sig: Any) -> Any:
+        try:
+            return super().on_replace(sig)
+        finally:
+            time.sleep(1)
+
+
+@app.task(bind=True, name="slow_replacer", base=SlowReplace)
+def slow_replacer(self: Any) -> Any:
+    """Replaces itself with ``probe``, the replacement starting before this run ends."""
+    _count(self.request.id)
+    return self.replace(probe.s())
+
+
 @signals.worker_ready.connect
 def _ready(**_: Any) -> None:
     print("ready", flush=True)

@@ -361,13 +361,22 @@ async def test_an_ignored_task_is_failed_in_jobpulse_not_completed(
     assert await _runs(redis, ns, task_id) == 1
 
 
+@pytest.mark.parametrize("task", ["replacer", "slow_replacer"])
 async def test_a_replaced_task_ends_with_its_replacement_as_a_second_run(
-    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery, reader: StatusReader
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    redis: aioredis.Redis,
+    app: Celery,
+    reader: StatusReader,
+    task: str,
 ) -> None:
-    # task.replace(): Celery IGNORED for the first body, the replacement runs under the same id
+    # task.replace(): Celery IGNORED for the first body, the replacement runs under the same id.
+    # slow_replacer's replacement starts while the replaced run still holds the job: it waits for
+    # that run's end (a duplicate delivery of a live job would raise JobBusy instead)
     task_id = f"{ns}-1"
     spawn(WORKER, redis_url, ns, "jobpulse")
-    res = _send(app, "replacer", task_id)
+    res = _send(app, task, task_id)
     assert await _result(res, 15) == "heartbeat"
     final = await eventually(lambda: _final(reader, task_id), within=5)
     assert (final.state, final.attempt, final.kind) == (JobState.COMPLETED, 2, "probe")

@@ -54,7 +54,7 @@ import redis as redis_sync
 from celery import Celery, signals  # type: ignore[import-untyped]
 
 from .._protocol.ratelimit import RateLimitedLog
-from ..errors import JobCancelled
+from ..errors import JobBusy, JobCancelled
 from ._common import PulseOptions, leave_recorded, pulse_sync, refresh_delays
 
 __all__ = ["instrument"]
@@ -219,9 +219,23 @@ class _Instrumented:
 
     def prerun(self, task_id: str, task: Any, **_: Any) -> None:
         stack = contextlib.ExitStack()
-        stack.enter_context(
-            pulse_sync(self.options, self.client(), task_id, task.name, self.refresher(task))
-        )
+        # A replacement (task.replace()) has the id of the run it replaces, which sent it from
+        # its body and ends just after: that run is the job's previous attempt, not a live
+        # duplicate, so its end is waited for (up to ttl + interval) rather than refused.
+        replaces = bool(getattr(task.request, "replaced_task_nesting", 0))
+        deadline = time.monotonic() + self.options.claim_ttl
+        while True:
+            pulse = pulse_sync(
+                self.options, self.client(), task_id, task.name, self.refresher(task)
+            )
+            try:
+                stack.enter_context(pulse)
+            except JobBusy:
+                if not replaces or time.monotonic() >= deadline:
+                    raise
+                time.sleep(min(self.options.interval, 0.05))
+                continue
+            break
         with self.lock:
             self.running[task_id, threading.get_ident()] = stack
 
