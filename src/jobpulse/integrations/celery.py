@@ -204,17 +204,16 @@ class _Instrumented:
         for delay in refresh_delays(self.options.interval):
             if self.stopped.wait(delay):
                 return
-            with self.lock:
-                for request in [r for r in self.held if r.message.acknowledged]:
-                    self.held.discard(request)
-                held = list(self.held)
-            # a running task's delivery is its heartbeat's to keep (while it holds the lease)
-            tags = [r.message.delivery_tag for r in held if r not in state.active_requests]
-            if not tags:
-                continue
             try:
-                self.rescore(tags)
-            except Exception as exc:  # a fault here must never stop the worker
+                with self.lock:
+                    for request in [r for r in self.held if r.message.acknowledged]:
+                        self.held.discard(request)
+                    held = list(self.held)
+                # a running task's delivery is its heartbeat's to keep (while it holds the lease)
+                tags = [r.message.delivery_tag for r in held if r not in state.active_requests]
+                if tags:
+                    self.rescore(tags)
+            except Exception as exc:  # a fault here must never stop the keeper nor the worker
                 warn.warning("could not refresh the worker's held deliveries: %r", exc)
 
     def prerun(self, task_id: str, task: Any, **_: Any) -> None:
