@@ -120,14 +120,15 @@ async def test_a_live_task_past_visibility_timeout_runs_once_with_jobpulse_only(
         assert await _runs(redis, ns, task_id) > 1  # restored at +3 s beside the first run
 
 
+@pytest.mark.parametrize("pool", ["threads", "prefork"])
 async def test_prefetched_tasks_waiting_past_visibility_timeout_run_once(
-    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery, pool: str
 ) -> None:
-    # One thread and Celery's default prefetch multiplier (4): the worker holds all three
-    # deliveries, and the last waits 6 s for the slot, twice visibility_timeout (3 s). A first
-    # version kept only the running task's delivery fresh: the waiting ones were restored and
-    # ran again (the run: one message twice, another three times).
-    spawn(WORKER, redis_url, ns, "jobpulse", "threads", "1")
+    # One thread or child and Celery's default prefetch multiplier (4): the worker holds all
+    # three deliveries, and the last waits 6 s for the slot, twice visibility_timeout (3 s). A
+    # first version kept only the running task's delivery fresh: the waiting ones were restored
+    # and ran again (the run: one message twice, another three times).
+    spawn(WORKER, redis_url, ns, "jobpulse", pool, "1")
     results = [_send(app, "sleeper", f"{ns}-{n}", 3) for n in range(3)]
     for res in results:
         assert await _result(res, 30) == "slept"
