@@ -227,9 +227,10 @@ def heartbeat(
     """Run a job under a heartbeat: ``async with heartbeat(redis, job_id) as hb: ...``.
 
     Entering takes the job's lease and writes its first snapshot and ``start`` entry (so the job
-    is visible when the body starts). Exiting writes COMPLETED, FAILED (an exception, with
-    ``error`` = ``"Type: message"``), CANCELLED (cancellation, or :func:`request_cancel`) or LOST,
-    then releases the lease.
+    is visible when the body starts). When many jobs enter at once on one client, entering first
+    waits for its turn, writing nothing (the running jobs' beats go first: docs/worker.md).
+    Exiting writes COMPLETED, FAILED (an exception, with ``error`` = ``"Type: message"``),
+    CANCELLED (cancellation, or :func:`request_cancel`) or LOST, then releases the lease.
 
     Args:
         redis: a ``redis.asyncio.Redis`` or ``RedisCluster``.

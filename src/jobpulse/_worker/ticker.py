@@ -16,9 +16,9 @@ pipeline is bounded by the longest lease time left among its jobs.
 Overload degrades the beat rate, not the leases (:class:`~jobpulse._worker.plan.SendGate`
 decides, this shell only waits): the ticker takes at most ``CHUNK`` due jobs at a time, in lease
 deadline order, and only once it holds a connection, so a beat is built (and counts as a try)
-when it can be sent; beats take a free connection before acquires and final writes; and a new
-job waits before it starts entering while a running job's lease presses or ``ENTERING`` jobs
-are entering (that wait writes nothing and starts no timeout). Each beat reports how late it
+when it can be sent; beats take a free connection before acquires and final writes; and new
+jobs start entering ``ENTERING`` at a time, one at a time while a running job's lease presses
+(waiting to enter writes nothing and starts no timeout). Each beat reports how late it
 went out (``loop_lag_ms``, the loop-lag metric): the loop's lateness, or the beats' own when
 the ticker cannot keep up.
 
@@ -114,7 +114,8 @@ class Ticker(TickCore):
     @contextlib.asynccontextmanager
     async def entering(self) -> AsyncIterator[None]:
         """Hold the body of ``async with`` while a new job enters: waits (writing nothing)
-        while a running job's lease presses or ``ENTERING`` jobs are entering."""
+        for its turn (``ENTERING`` at a time, one at a time while a running job's lease
+        presses)."""
         waiter = asyncio.get_running_loop().create_future()
         if not self._gate.enter(waiter, pressing=self._plan.pressing(self._clock())):
             try:
