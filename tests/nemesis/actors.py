@@ -8,7 +8,7 @@ Each prints ``ready`` once it runs and appends its operations to its own history
   :func:`jobpulse.heartbeat` (beats on the event loop) or :func:`jobpulse.sync.heartbeat` (beats
   on its thread). SIGUSR1 makes the body hold the GIL for ``gil`` seconds (one C call).
 * ``sweeper``: ``Sweeper.sweep()`` every 0.3 s; each claim delivered is acknowledged, except one
-  in four (a handler that failed: the claim must come again).
+  in four (a handler that failed: the claim must come again, ``redeliver_after`` later).
 * ``async-reader`` / ``sync-reader``: reads every job the workers started (it follows their
   history files) every 0.2 s with :class:`jobpulse.StatusReader` (``cache_ttl`` 0.5) or
   :class:`jobpulse.sync.StatusReader`, until a job has been terminal for 3 reads (or UNKNOWN
@@ -113,7 +113,8 @@ def sync_worker(cfg: dict[str, Any], hist: History) -> None:
 
 
 async def sweeper(cfg: dict[str, Any], hist: History) -> None:
-    sw = Sweeper(aioredis.Redis.from_url(cfg["url"]), namespace=cfg["ns"])
+    client = aioredis.Redis.from_url(cfg["url"])
+    sw = Sweeper(client, namespace=cfg["ns"], redeliver_after=cfg["redeliver_after"])
     rng = random.Random(f"{cfg['seed']}-{cfg['proc']}")
     print("ready", flush=True)
     while True:

@@ -44,6 +44,7 @@ KINDS: tuple[tuple[str, int], ...] = (
 )  # fmt: skip
 WORKERS = ("async-worker", "async-worker", "sync-worker", "sync-worker")
 SWEEPERS = 2
+REDELIVER_AFTER = 3.0  # the sweepers' (default 60 s): a claim left unacknowledged comes back
 GIL_HOLD = 2.5 * TTL  # a worker's body holds the GIL this long on SIGUSR1
 INDEX_EVERY = 10  # the default: a dead job's index deadline is at most 10 intervals + ttl ahead
 # A sweeper claims a dead job once its index deadline passed: within index_every x interval + ttl
@@ -78,7 +79,9 @@ def schedule(seed: int, seconds: float) -> list[dict[str, Any]]:
 
 
 def settle_time() -> float:
-    return 2 * TTL + LIMITS.claim_within + 2.0
+    """Long enough for the last fault's dead job to be claimed and a claim left unacknowledged
+    to be delivered again."""
+    return 2 * TTL + LIMITS.claim_within + REDELIVER_AFTER
 
 
 @dataclass
@@ -109,7 +112,7 @@ class Harness:
         actor.generation += 1
         cfg = {"dir": str(self.dir), "proc": f"{actor.name}.{actor.generation}",
                "url": actor.url, "ns": NS, "ttl": TTL, "interval": INTERVAL, "seed": self.seed,
-               "gil": GIL_HOLD}  # fmt: skip
+               "gil": GIL_HOLD, "redeliver_after": REDELIVER_AFTER}  # fmt: skip
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.nemesis.actors", actor.role, json.dumps(cfg)],
             cwd=ROOT, stdout=subprocess.PIPE, text=True,
