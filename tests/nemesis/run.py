@@ -221,9 +221,9 @@ class Harness:
             self.proxy.drop_reply_once(b"EVALSHA").wait(2.0)
             record("lost_reply", "net")
         elif kind == "blackhole":
-            self.proxy.blackhole(True)
+            self.proxy.blackhole = True
             time.sleep(d)
-            self.proxy.blackhole(False)
+            self.proxy.blackhole = False
             record("blackhole", "net")
         elif kind == "sleep":
             with redis.Redis(port=self.server.port, socket_timeout=d + 5) as c:
