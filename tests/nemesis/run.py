@@ -25,6 +25,7 @@ from typing import Any
 
 import redis
 
+import jobpulse.sync
 from jobpulse._protocol.keys import KeySchema
 from jobpulse._provision import RedisServer
 
@@ -236,14 +237,13 @@ class Harness:
         """Each job's verdict and the ``n`` of every checkpoint in its stream, after the run."""
         client = redis.Redis(port=self.server.port, decode_responses=True)
         keys = KeySchema(NS)
-        reader = __import__("jobpulse.sync", fromlist=["StatusReader"]).StatusReader(
-            client, namespace=NS, cache_ttl=0
-        )
+        reader = jobpulse.sync.StatusReader(client, namespace=NS, cache_ttl=0)
         jobs = sorted({r["job"] for r in load(self.dir) if r["op"] == "acquire"})
         for job in jobs:
             st = reader.get(job)
             ns = []
-            for _, entry in client.xrange(keys.events(job)):
+            entries: list[tuple[str, dict[str, str]]] = client.xrange(keys.events(job))  # type: ignore[assignment]
+            for _, entry in entries:
                 if entry.get("kind") == "checkpoint" and entry.get("details"):
                     ns.append(json.loads(entry["details"]).get("n"))
             kept = client.hget(keys.state(job), "checkpoint")  # the snapshot's last checkpoint
