@@ -86,7 +86,9 @@ async def async_worker(cfg: dict[str, Any], hist: History) -> None:
 
 
 def sync_worker(cfg: dict[str, Any], hist: History) -> None:
-    client = redis.Redis.from_url(cfg["url"])
+    # A blocking pipeline is bounded by the client's socket_timeout only: keep it below ttl, as
+    # docs/sync.md says (without it a connection that never answers stops the beat thread).
+    client = redis.Redis.from_url(cfg["url"], socket_timeout=cfg["ttl"] / 3)
     opts = {"namespace": cfg["ns"], "ttl": cfg["ttl"], "interval": cfg["interval"]}
     print("ready", flush=True)
     for n in range(1, 1_000_000):
@@ -188,7 +190,8 @@ async def async_reader(cfg: dict[str, Any], hist: History) -> None:
 
 
 async def sync_reader(cfg: dict[str, Any], hist: History) -> None:
-    reader = jobpulse.sync.StatusReader(redis.Redis.from_url(cfg["url"]), namespace=cfg["ns"])
+    client = redis.Redis.from_url(cfg["url"], socket_timeout=cfg["ttl"] / 3)
+    reader = jobpulse.sync.StatusReader(client, namespace=cfg["ns"])
 
     async def get(job: str) -> Any:
         return reader.get(job)  # blocking on purpose: this process does nothing else
