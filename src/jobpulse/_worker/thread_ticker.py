@@ -21,6 +21,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import math
 import threading
 import weakref
 from collections.abc import Callable
@@ -152,7 +153,9 @@ class ThreadTicker:
             timeout = when - self._clock()
             if timeout <= 0:
                 return None
-            notified = self._cond.wait(timeout)
+            # inf: no beat planned and no deadline left (a lost lease, a checkpoint waiting for
+            # it): sleep until notified, as the asyncio ticker does (wait(inf) is OverflowError)
+            notified = self._cond.wait(None if math.isinf(timeout) else timeout)
             return None if notified else when
 
     def _server_now(self) -> Callable[[], float] | None:
