@@ -294,8 +294,10 @@ class _Index:
                 continue
             losses = [s for k, _, s, _ in self.windows if k in DATA_LOSS and s < f["t"]]
             cut = max(losses, default=float("-inf"))
-            before = [c for c in mine if c["t"] < cut]
-            need = [c for c in mine if c["t"] >= cut] + before[-1:]
+            # After a data loss the repair beat brings back the checkpoint the worker holds
+            # then (its latest): the ones acknowledged after the loss, or else the last before.
+            after = [c for c in mine if c["t0"] >= cut]
+            need = after or [c for c in mine if c["t0"] < cut][-1:]
             missing = [c for c in need if c["n"] not in d["checkpoints"]]
             if missing:
                 yield Violation(

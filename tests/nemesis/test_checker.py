@@ -149,3 +149,19 @@ def test_the_report_names_the_seed_the_schedule_and_the_slice() -> None:
     assert "seed 7" in text
     assert "kill" in text
     assert "read job=j reader=a t0=3.0 state=STALE" in text
+
+
+def test_after_a_data_loss_the_checkpoints_since_or_else_the_last_before_must_be_kept() -> None:
+    h = [r for r in clean() if r["op"] != "dump"]
+    h += [
+        rec(3.0, "checkpoint", W, job="j", fence=5, n=2, t0=2.9),
+        fault("restart", "redis", 3.2, 3.3),
+    ]
+    dump = {"job": "j", "state": "COMPLETED", "fence": 5, "seq": 6}
+    assert rules_of([*h, rec(31.0, "dump", 1, **dump, checkpoints=[2])]) == []
+    assert rules_of([*h, rec(31.0, "dump", 1, **dump, checkpoints=[1])]) == ["checkpoint-kept"]
+    later = rec(3.8, "checkpoint", W, job="j", fence=5, n=3, t0=3.5)
+    assert rules_of([*h, later, rec(31.0, "dump", 1, **dump, checkpoints=[3])]) == []
+    assert rules_of([*h, later, rec(31.0, "dump", 1, **dump, checkpoints=[2])]) == [
+        "checkpoint-kept"
+    ]
