@@ -39,9 +39,8 @@ def same_slot_ids(count: int) -> list[str]:
 
 async def started(client: AnyRedis, keys: JobKeys) -> tuple[int, int]:
     """Acquire the job with token ``tok``; (fence, the snapshot's seq)."""
-    reply = await calls.run(
-        client, calls.acquire(keys.all(), ["tok", 60_000, 100, "w", "", "", "", ""])
-    )
+    acquire = calls.acquire(keys.all(), token="tok", ttl_ms=60_000, maxlen=100, worker="w")
+    reply = await calls.run(client, acquire)
     assert reply.code is calls.AcquireCode.STARTED
     return reply.fence, reply.seq
 

@@ -132,8 +132,10 @@ async def test_sweeper_claims_a_dead_workers_job_once_in_argument_time(
     schema = KeySchema(ns)
     # A worker that started the job and died: index entry and acquire, then nothing.
     deadline = await calls.run(aclient, calls.enroll(schema.index_for("d-1"), "d-1", 200))
-    args = ["tok", 200, 100, "w", "", "", "", "", deadline]
-    reply = await calls.run(aclient, calls.acquire(schema.job("d-1").all(), args))
+    acquire = calls.acquire(
+        schema.job("d-1").all(), token="tok", ttl_ms=200, maxlen=100, worker="w", latest=deadline
+    )
+    reply = await calls.run(aclient, acquire)
     assert reply.code is calls.AcquireCode.STARTED
     assert clock_of(aclient).arguments  # detected on the first call
     await eventually(lambda: _gone(aclient, schema.job("d-1").lease), within=5.0)
@@ -210,8 +212,10 @@ async def test_forced_argument_time_runs_a_job_and_a_claim_on_a_single_server_an
     assert server_ms - 10_000 <= int(raw[b"finished_ms"]) <= server_ms + ahead_ms
     schema = KeySchema(ns)
     deadline = await calls.run(client, calls.enroll(schema.index_for("g-2"), "g-2", 200))
-    args = ["tok", 200, 100, "w", "", "", "", "", deadline]
-    reply = await calls.run(client, calls.acquire(schema.job("g-2").all(), args))
+    acquire = calls.acquire(
+        schema.job("g-2").all(), token="tok", ttl_ms=200, maxlen=100, worker="w", latest=deadline
+    )
+    reply = await calls.run(client, acquire)
     assert reply.code is calls.AcquireCode.STARTED
     sweeper = Sweeper(client, namespace=ns)
     stale = await eventually(sweeper.sweep, within=5.0)

@@ -450,8 +450,18 @@ async def test_a_final_write_replayed_after_new_attempts_answers_already_ended(
         return [int(x) for x in reply[1:4]]
 
     def finish(token: str, fence: int, seq: int) -> calls.Call[calls.FinishCode]:
-        args = [token, fence, 60_000, seq, "COMPLETED", "", 100, 60_000, ""]
-        return calls.finish(keys.all(), [*args, "1", "1", "", "", "", "", "", "0"])
+        return calls.finish(
+            keys.all(),
+            token=token,
+            fence=fence,
+            ttl_ms=60_000,
+            seq=seq,
+            status="COMPLETED",
+            error="",
+            maxlen=100,
+            retention_ms=60_000,
+            dynamic=["1", "1", "", "", "", "", "", "0"],
+        )
 
     fence_a, _, seq_a = await acquire("tokA")
     a = finish("tokA", fence_a, seq_a + 1)

@@ -13,6 +13,7 @@ from jobpulse._protocol import calls
 from jobpulse._protocol.calls import AcquireCode, AcquireReply, BeatCode, BeatReply, FinishCode
 from jobpulse._protocol.codec import DYNAMIC_FIELDS
 from jobpulse._worker.machine import BeatMachine
+from jobpulse._worker.options import HeartbeatSpec
 from jobpulse._worker.plan import BATCH, BeatPlan, beat_calls
 from jobpulse._worker.sampling import ProcessSample
 
@@ -26,7 +27,7 @@ def machine(**options: Any) -> BeatMachine[str]:
         max_details_bytes=65536, final_timeout=30.0, index_every=10, index_shards=1,
     )  # fmt: skip
     settings.update(options)
-    m: BeatMachine[str] = BeatMachine("job", **settings)
+    m: BeatMachine[str] = BeatMachine("job", HeartbeatSpec(**settings))
     m.acquired(AcquireReply(AcquireCode.STARTED, 3, 1, 0, "", 1000), sent_at=100.0)
     return m
 
@@ -153,13 +154,47 @@ def test_a_lost_lease_fails_every_checkpoint_and_writes_nothing(
 
 def test_expiry_by_the_local_clock_writes_lost_for_one_interval_at_most() -> None:
     m = machine()
-    assert m.expire_if_due(105.9) is None
-    assert m.expire_if_due(106.0) is LeaseLostCause.EXPIRED
-    assert m.expire_if_due(107.0) is None  # lost once
+    m.next_beat(101.0, 0.0, SAMPLE, 0, None)  # sent in time, never answered
+    assert m.check_expiry(105.9).cause is None
+    assert m.check_expiry(106.0).cause is LeaseLostCause.EXPIRED
+    assert m.check_expiry(107.0).cause is None  # lost once
     plan = m.final_plan(crash=None, exc=None, cancelled=False)
     assert (plan.status, plan.error, plan.write, plan.limit) == (
         "LOST", "lease lost: expired", True, 1.0,
     )  # fmt: skip
+
+
+def test_a_late_wake_beats_at_once_and_the_reply_takes_the_lease_back() -> None:
+    """No beat was sent before the deadline (the process was frozen): not lost; a beat is due
+    at once, and ``beat.lua``'s "re-taken" renews the lease."""
+    m = machine()
+    expiry = m.check_expiry(120.0)
+    assert (expiry.cause, expiry.recheck_at) == (None, 121.0)
+    assert m.due <= 120.0
+    assert m.lease.held
+    m.next_beat(120.0, 19.0, SAMPLE, 0, None)
+    assert m.check_expiry(120.5).cause is None  # the late beat's reply decides
+    m.replied(120.0, BeatReply(BeatCode.RETAKEN, False, 5000, 0), ended=False)
+    assert m.lease.held
+    assert m.lease.deadline == 126.0
+    assert m.final_plan(crash=None, exc=None, cancelled=False).status == "COMPLETED"
+
+
+def test_a_late_beat_that_is_refused_or_fails_loses_the_lease() -> None:
+    claimed = machine()
+    claimed.check_expiry(120.0)
+    claimed.next_beat(120.0, 19.0, SAMPLE, 0, None)
+    verdict = claimed.replied(120.0, BeatReply(BeatCode.FENCED_OUT, False, 0, 0), ended=False)
+    assert verdict.lost is LeaseLostCause.FENCED_OUT  # a sweeper claimed it: stays lost
+    assert claimed.final_plan(crash=None, exc=None, cancelled=False).write is False
+    unanswered = machine()
+    unanswered.check_expiry(120.0)
+    unanswered.next_beat(120.0, 19.0, SAMPLE, 0, None)
+    cause = unanswered.beat_failed(120.0, at_once=False, ended=False)
+    assert cause is LeaseLostCause.EXPIRED
+    in_time = machine()
+    in_time.next_beat(101.0, 0.0, SAMPLE, 0, None)
+    assert in_time.beat_failed(101.0, at_once=False, ended=False) is None  # retried
 
 
 def test_a_cancel_is_reported_once() -> None:
@@ -234,8 +269,16 @@ def test_calls_name_their_codes() -> None:
     reply = calls.decode_beat([b"-1", b"0", b"0", b"0"])
     assert reply.code is BeatCode.TAKEN_OVER
     assert calls.cancel(("a",) * 5, 10, "").decode(2) is calls.CancelCode.ALREADY_REQUESTED
-    acquired = calls.acquire(("a",) * 5, []).decode([1, 4, 2, 9, b'{"x":1}', 77])
+    acquire = calls.acquire(("a",) * 5, token="t", ttl_ms=1, maxlen=1, worker="w")
+    acquired = acquire.decode([1, 4, 2, 9, b'{"x":1}', 77])
     assert acquired == AcquireReply(AcquireCode.STARTED, 4, 2, 9, '{"x":1}', 77)
+    claim = calls.claim(("a",) * 5, maxlen=1, retention_ms=1, error="", redeliver_ms=1, token="")
+    claimed = claim.decode([1, 8, 1234, b"status", b"RUNNING", b"attempt", b"2"])
+    assert claimed == calls.ClaimReply(
+        calls.ClaimCode.CLAIMED, 8, 1234, {"status": "RUNNING", "attempt": "2"}
+    )
+    assert claim.decode([-1, 700]) == calls.ClaimReply(calls.ClaimCode.ALIVE, wait_ms=700)
+    assert claim.decode([0]).code is calls.ClaimCode.NOT_RUNNING
     assert calls.enroll("s", "j", 5).command()[:3] == ("EVALSHA", calls.SCRIPTS.enroll.sha, 1)
 
 
@@ -373,9 +416,11 @@ class _Beating:
 
 def machine_for(job_id: str) -> BeatMachine[str]:
     m: BeatMachine[str] = BeatMachine(
-        job_id, total=None, interval=1.0, ttl=6.0, namespace="t", meta=None, kind="",
-        worker="w", stream_every=10, maxlen=1000, retention=3600.0, max_meta_bytes=65536,
-        max_details_bytes=65536, final_timeout=30.0, index_every=10, index_shards=1,
+        job_id, HeartbeatSpec(
+            total=None, interval=1.0, ttl=6.0, namespace="t", meta=None, kind="", worker="w",
+            stream_every=10, maxlen=1000, retention=3600.0, max_meta_bytes=65536,
+            max_details_bytes=65536, final_timeout=30.0, index_every=10, index_shards=1,
+        ),
     )  # fmt: skip
     m.acquired(AcquireReply(AcquireCode.STARTED, 3, 1, 0, "", 1000), sent_at=100.0)
     return m

@@ -4,14 +4,22 @@ from __future__ import annotations
 
 import pytest
 
+from jobpulse._protocol import calls
 from jobpulse._recovery.sweeper import StaleJob, SweeperConfig, _stale_job
 from jobpulse._recovery.tally import prune_bound
+
+_CLAIM = calls.claim(("k",) * 5, maxlen=1, retention_ms=1, error="", redeliver_ms=1, token="")
+
+
+def stale_job(job_id: str, reply: list[object]) -> StaleJob:
+    """The StaleJob of a raw ``claim.lua`` reply, decoded as the sweeper decodes it."""
+    return _stale_job(job_id, _CLAIM.decode(reply))
 
 
 def test_claim_reply_decodes_to_a_stale_job() -> None:
     reply = [1, 5, 10_500, b"status", b"RUNNING", b"attempt", b"2", b"worker", b"h:1"]
     reply += [b"heartbeat_ms", b"9000", b"stage", "load", b"checkpoint", b'{"offset":7}']
-    job = _stale_job("j", reply)
+    job = stale_job("j", reply)
     assert job == StaleJob(
         job_id="j",
         attempt=2,
@@ -27,11 +35,11 @@ def test_claim_reply_decodes_to_a_stale_job() -> None:
 
 
 def test_missing_or_corrupt_fields_do_not_break_the_claimed_job() -> None:
-    job = _stale_job("j", [1, 3, 1000, "status", "RUNNING", "checkpoint", "{not json"])
+    job = stale_job("j", [1, 3, 1000, "status", "RUNNING", "checkpoint", "{not json"])
     assert job.checkpoint is None
     assert job.attempt == 0
     assert job.stale_for == 0.0
-    started = _stale_job("j", [1, 3, 4000, "started_ms", "1000", "heartbeat_ms", ""])
+    started = stale_job("j", [1, 3, 4000, "started_ms", "1000", "heartbeat_ms", ""])
     assert started.stale_for == 3.0  # no beat yet: counted from the start
 
 

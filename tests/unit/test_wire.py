@@ -13,6 +13,7 @@ from jobpulse._protocol import calls, wire
 from jobpulse._protocol.calls import AcquireCode, AcquireReply
 from jobpulse._protocol.clock import ScriptClock
 from jobpulse._worker.machine import BeatMachine
+from jobpulse._worker.options import HeartbeatSpec
 from jobpulse._worker.plan import beat_calls, pack_beats
 from jobpulse._worker.sampling import ProcessSample
 
@@ -28,7 +29,7 @@ class _Job:
             index_every=10, index_shards=1,
         )  # fmt: skip
         settings.update(options)
-        self.machine: BeatMachine[str] = BeatMachine(job_id, **settings)
+        self.machine: BeatMachine[str] = BeatMachine(job_id, HeartbeatSpec(**settings))
         self.machine.acquired(AcquireReply(AcquireCode.STARTED, 3, 1, 0, "", 1000), sent_at=100.0)
 
 

@@ -8,25 +8,28 @@ import threading
 import pytest
 
 from jobpulse import JobCancelled, LeaseLostCause, ProgressCell
+from jobpulse._protocol import calls
+from jobpulse._protocol.calls import BeatCode, BeatReply
 from jobpulse._protocol.codec import dump_json, fmt_float, fmt_int
-from jobpulse._worker.lease import BeatOutcome, Lease, classify_beat
+from jobpulse._worker.lease import Lease
 from jobpulse._worker.progress import LANES
 from jobpulse._worker.sampling import RateWindow
 
 
 @pytest.mark.parametrize(
-    ("code", "outcome", "cause"),
+    ("reply", "expected"),
     [
-        (1, BeatOutcome.WRITTEN, None),
-        (2, BeatOutcome.WRITTEN, None),
-        (3, BeatOutcome.RESEND_STATIC, None),
-        (0, BeatOutcome.SEQ_BEHIND, None),
-        (-1, BeatOutcome.LOST, LeaseLostCause.TAKEN_OVER),
-        (-2, BeatOutcome.LOST, LeaseLostCause.FENCED_OUT),
+        (5000 * 8 + 1 * 2, BeatReply(BeatCode.WRITTEN, False, 5000, 0)),
+        (5000 * 8 + 2 * 2 + 1, BeatReply(BeatCode.RETAKEN, True, 5000, 0)),
+        (5000 * 8 + 3 * 2, BeatReply(BeatCode.RESEND_STATIC, False, 5000, 0)),
+        ([0, 1, 5000, 40], BeatReply(BeatCode.SEQ_BEHIND, True, 5000, 40)),
+        (-1, BeatReply(BeatCode.TAKEN_OVER, False, 0, 0)),
+        (-2, BeatReply(BeatCode.FENCED_OUT, False, 0, 0)),
     ],
 )
-def test_beat_reply_codes(code: int, outcome: BeatOutcome, cause: LeaseLostCause | None) -> None:
-    assert classify_beat(code) == (outcome, cause)
+def test_beat_reply_codes(reply: object, expected: BeatReply) -> None:
+    """The one reading of ``beat.lua``'s replies (the tickers decode with it)."""
+    assert calls.decode_beat(reply) == expected
 
 
 def test_lease_expires_by_the_local_clock_counted_from_the_send_time() -> None:
@@ -36,11 +39,28 @@ def test_lease_expires_by_the_local_clock_counted_from_the_send_time() -> None:
     assert lease.deadline == 109.0
     lease.renewed(101.0)  # an older reply never moves the deadline back
     assert lease.deadline == 109.0
+    lease.tried(104.0)  # a beat sent in time, never answered
+    assert not lease.expire_if_due(108.9)
     assert lease.expire_if_due(109.0)
     assert lease.lost is LeaseLostCause.EXPIRED
     assert not lease.lose(LeaseLostCause.TAKEN_OVER)  # the first cause wins
     lease.renewed(200.0)  # a lost lease is never renewed
     assert lease.lost is LeaseLostCause.EXPIRED
+
+
+def test_a_late_worker_is_not_expired_until_its_late_beat_fails() -> None:
+    """No beat sent before the deadline (a frozen process): late, not lost; the next beat
+    decides, and only a renewal answered in time or a beat sent in time and unanswered count."""
+    lease = Lease(ttl=6.0, renewed_at=100.0)
+    assert lease.late(200.0)
+    assert not lease.expire_if_due(200.0)
+    lease.tried(200.0)  # the late beat is in flight: still late, its reply decides
+    assert lease.late(200.5)
+    assert not lease.expire_if_due(200.5)
+    lease.renewed(200.0)  # beat.lua re-took it
+    assert lease.held
+    assert lease.deadline == 206.0
+    assert lease.tried_at is None
 
 
 def test_rate_and_eta_over_a_sliding_window() -> None:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Generic, Protocol, TypeVar
 
 from .clock import clock_of
@@ -34,6 +34,7 @@ __all__ = [
     "Call",
     "CancelCode",
     "ClaimCode",
+    "ClaimReply",
     "FinishCode",
     "ack",
     "BEAT_DIGITS",
@@ -42,6 +43,7 @@ __all__ = [
     "beat",
     "beat_command",
     "beat_segment",
+    "encode_beat",
     "beats",
     "cancel",
     "claim",
@@ -147,6 +149,32 @@ BEAT_DIGITS = "12345678"
 """``beat.lua``'s name of each of :data:`BEAT_FIELDS`, by index."""
 
 
+def encode_beat(
+    head: Sequence[Any],
+    seq: int,
+    landed: int,
+    present: Sequence[int],
+    values: Sequence[Any],
+    event: tuple[str, str, int] | None = None,
+    pairs: Sequence[Any] = (),
+) -> list[Any]:
+    """One job's segment of a ``beat.lua`` call, its length first: THE beat encoder (the
+    tickers' machines, :func:`beat_segment`, tests and benchmarks all build beats with it).
+    ``head``: token, fence, ``ttl_ms`` (the machines pass them pre-encoded); ``landed``: the
+    highest seq known to be in the snapshot (a snapshot behind it answers
+    :attr:`BeatCode.RESEND_STATIC`, writing nothing of the beat; 0: no check); ``present``: the
+    indexes in :data:`BEAT_FIELDS` of the fields sent, ascending, and ``values`` theirs;
+    ``event``: ``(kind, details, maxlen)`` of a stream entry; ``pairs``: field, value pairs
+    written as they are (static fields, the checkpoint)."""
+    names = "".join([BEAT_DIGITS[i] for i in present])
+    segment: list[Any] = [0, *head, seq, landed, names + "+" if event else names, *values]
+    if event:
+        segment += event
+    segment += pairs
+    segment[0] = len(segment) - 1
+    return segment
+
+
 def beat_segment(
     *,
     token: str,
@@ -158,28 +186,17 @@ def beat_segment(
     event: tuple[str, str, int] | None = None,
     pairs: Sequence[Any] = (),
 ) -> list[Any]:
-    """One job's arguments in a ``beat.lua`` call (its length first), for tests and tools; the
-    tickers' machines build the same segment themselves (``BeatMachine.next_beat``: constant
-    arguments encoded once, only the fields that changed). ``fields``: the dynamic fields to
-    write (names of :data:`BEAT_FIELDS`; with ``event``, done, total and stage are expected);
-    ``event``: ``(kind, details, maxlen)`` of a stream entry; ``pairs``: static field, value
-    pairs; ``landed``: the highest seq known to be in the snapshot (a snapshot behind it answers
-    :attr:`BeatCode.RESEND_STATIC`, writing nothing of the beat), by default ``seq - 1`` (the
-    beat before this one landed); 0 for a beat that carries every field (no check)."""
+    """:func:`encode_beat` by field names, for tests, tools and benchmarks. ``fields``: the
+    dynamic fields to write (names of :data:`BEAT_FIELDS`; with ``event``, done, total and
+    stage are expected); ``landed``: by default ``seq - 1`` (the beat before this one landed);
+    0 for a beat that carries every field (no check)."""
     unknown = set(fields) - set(BEAT_FIELDS)
     if unknown:
         raise ValueError(f"unknown beat field(s): {', '.join(sorted(unknown))}")
     present = [i for i, name in enumerate(BEAT_FIELDS) if name in fields]
-    names = "".join(BEAT_DIGITS[i] for i in present) + ("+" if event else "")
-    if landed is None:
-        landed = seq - 1
-    segment: list[Any] = [0, token, fence, ttl_ms, seq, landed, names]
-    segment += [fields[BEAT_FIELDS[i]] for i in present]
-    if event:
-        segment += list(event)
-    segment += list(pairs)
-    segment[0] = len(segment) - 1
-    return segment
+    values = [fields[BEAT_FIELDS[i]] for i in present]
+    landed = seq - 1 if landed is None else landed
+    return encode_beat((token, fence, ttl_ms), seq, landed, present, values, event, pairs)
 
 
 def beat_command(beats: Sequence[tuple[Sequence[Any], Sequence[Any]]]) -> list[Any]:
@@ -316,15 +333,51 @@ def enroll(shard: str, job_id: str, horizon_ms: int) -> Call[int]:
     return Call(SCRIPTS.enroll, (shard,), (job_id, horizon_ms), int)
 
 
-def acquire(keys: tuple[str, ...], args: Sequence[Any]) -> Call[AcquireReply]:
-    """Take the lease. ``args``: see ``acquire.lua`` (token, ttl ms, maxlen, worker, total,
-    meta, start details, kind, latest start)."""
-    return Call(SCRIPTS.acquire, keys, tuple(args), _decode_acquire)
+def acquire(
+    keys: tuple[str, ...],
+    *,
+    token: str,
+    ttl_ms: int,
+    maxlen: int,
+    worker: str,
+    total: str = "",
+    meta: str = "",
+    details: str = "",
+    kind: str = "",
+    latest: int | str = "",
+) -> Call[AcquireReply]:
+    """Take the lease (``acquire.lua``): ``total`` and ``meta`` encoded (``""``: none),
+    ``details`` the start entry's JSON, ``latest`` the latest start in server ms (``""``: no
+    limit)."""
+    args = (token, ttl_ms, maxlen, worker, total, meta, details, kind, latest)
+    return Call(SCRIPTS.acquire, keys, args, _decode_acquire)
 
 
-def finish(keys: tuple[str, ...], args: Sequence[Any]) -> Call[FinishCode]:
-    """The final write (``finish.lua``)."""
-    return Call(SCRIPTS.finish, keys, tuple(args), lambda r: FinishCode(int(r[0])))
+def finish(
+    keys: tuple[str, ...],
+    *,
+    token: str,
+    fence: int,
+    ttl_ms: int,
+    seq: int,
+    status: str,
+    error: str,
+    maxlen: int,
+    retention_ms: int,
+    dynamic: Sequence[str],
+    details: str = "",
+    pairs: Sequence[Any] = (),
+) -> Call[FinishCode]:
+    """The final write (``finish.lua``): ``dynamic`` the values of :data:`BEAT_FIELDS`, all of
+    them, in order; ``pairs`` static field, value pairs."""
+    if len(dynamic) != len(BEAT_FIELDS):
+        raise ValueError(f"finish needs all {len(BEAT_FIELDS)} dynamic fields")
+    args = (token, fence, ttl_ms, seq, status, error, maxlen, retention_ms, details)
+    return Call(SCRIPTS.finish, keys, (*args, *dynamic, *pairs), _decode_finish)
+
+
+def _decode_finish(reply: Any) -> FinishCode:
+    return FinishCode(int(reply[0]))
 
 
 def unindex(key: str, pairs: Sequence[Any]) -> Call[int]:
@@ -342,10 +395,42 @@ def ack(keys: tuple[str, ...], fence: int) -> Call[bool]:
     return Call(SCRIPTS.ack, keys, (fence,), lambda r: int(r) == 1)
 
 
-def claim(keys: tuple[str, ...], args: Sequence[Any]) -> Call[Any]:
-    """Claim a stale job (``claim.lua``); the reply is decoded by the sweeper (``ClaimCode``
-    first, then the claim's fields)."""
-    return Call(SCRIPTS.claim, keys, tuple(args), lambda r: r)
+@dataclass(frozen=True, slots=True)
+class ClaimReply:
+    """``claim.lua``'s reply: ``fence``, ``claimed_ms`` and the ``snapshot`` as it was before the
+    claim when CLAIMED; ``wait_ms`` (how long the job is not claimable) when ALIVE."""
+
+    code: ClaimCode
+    fence: int = 0
+    claimed_ms: int = 0
+    snapshot: dict[str, str] = field(default_factory=dict)
+    wait_ms: int = 0
+
+
+def _decode_claim(reply: Any) -> ClaimReply:
+    code = ClaimCode(int(reply[0]))
+    if code is ClaimCode.CLAIMED:
+        flat = [text(x) for x in reply[3:]]
+        snapshot = dict(zip(flat[::2], flat[1::2], strict=True))
+        return ClaimReply(code, int(reply[1]), int(reply[2]), snapshot)
+    if code is ClaimCode.ALIVE:
+        return ClaimReply(code, wait_ms=int(reply[1]) if len(reply) > 1 else 0)
+    return ClaimReply(code)
+
+
+def claim(
+    keys: tuple[str, ...],
+    *,
+    maxlen: int,
+    retention_ms: int,
+    error: str,
+    redeliver_ms: int,
+    token: str,
+) -> Call[ClaimReply]:
+    """Claim a stale job (``claim.lua``): ``error`` the LOST snapshot's error text, ``token``
+    the sweep call's claim token (a replay of the call is answered with its claim)."""
+    args = (maxlen, retention_ms, error, redeliver_ms, token)
+    return Call(SCRIPTS.claim, keys, args, _decode_claim)
 
 
 def tally(stats: str, claims_seen: str, args: Sequence[Any] = ()) -> Call[int]:

@@ -44,7 +44,7 @@ from redis.exceptions import ConnectionError
 
 from .._checks import check_number
 from .._protocol import calls, wire
-from .._protocol.calls import ClaimCode
+from .._protocol.calls import ClaimCode, ClaimReply
 from .._protocol.clock import clock_of
 from .._protocol.cluster import pipelined
 from .._protocol.codec import load_json
@@ -314,12 +314,10 @@ class Sweeper:
         self, candidates: dict[str, list[tuple[str, float]]], now_ms: int, token: str
     ) -> _Round:
         decided = _Round()
-        pending: list[tuple[str, str, float]] = []
+        pending: list[tuple[str, str, float, calls.Call[ClaimReply]]] = []
         ops: list[Op] = []
         error = f"stale: no heartbeat within the lease; claimed by sweeper {self.name}"
         redeliver_ms = math.ceil(self._cfg.redeliver_after * 1000)
-        args = [self._cfg.maxlen, math.ceil(self._cfg.retention * 1000), error, redeliver_ms]
-        args.append(token)
         for shard, entries in candidates.items():
             for member, score in entries:
                 try:
@@ -329,8 +327,16 @@ class Sweeper:
                     self._warn.warning("jobpulse sweeper: dropping index entry %r", member)
                     decided.unindex.setdefault(shard, []).append((member, score))
                     continue
-                pending.append((shard, member, score))
-                ops.append(_command(calls.claim(keys, args)))
+                call = calls.claim(
+                    keys,
+                    maxlen=self._cfg.maxlen,
+                    retention_ms=math.ceil(self._cfg.retention * 1000),
+                    error=error,
+                    redeliver_ms=redeliver_ms,
+                    token=token,
+                )
+                pending.append((shard, member, score, call))
+                ops.append(_command(call))
         replies = await self._execute(ops)
         # A claim whose reply was lost (a cut connection; a cluster pipeline does not retry)
         # is sent once more with the same token: claim.lua answers a replay with its claim.
@@ -339,7 +345,7 @@ class Sweeper:
             again = await self._execute([ops[i] for i in lost])
             for i, reply in zip(lost, again, strict=True):
                 replies[i] = reply
-        for (shard, member, score), reply in zip(pending, replies, strict=True):
+        for (shard, member, score, call), reply in zip(pending, replies, strict=True):
             if isinstance(reply, Exception):
                 # An error reply for this command only (other claims of the pipeline stand).
                 self._warn.warning("jobpulse sweeper: claim of %r failed: %r", member, reply)
@@ -348,17 +354,16 @@ class Sweeper:
                 else:  # OOM, READONLY, ...: try again on the next sweep
                     decided.unresolved.add(shard)
                 continue
-            code = int(reply[0])
-            if code == ClaimCode.CLAIMED:  # a new claim, or one made earlier and never acknowledged
-                decided.claimed.append(_stale_job(member, reply))
+            claim = call.decode(reply)
+            if claim.code is ClaimCode.CLAIMED:  # new, or made earlier and never acknowledged
+                decided.claimed.append(_stale_job(member, claim))
                 decided.rescore.setdefault(shard, {})[member] = now_ms + redeliver_ms
-            elif code == ClaimCode.NOT_RUNNING:
+            elif claim.code is ClaimCode.NOT_RUNNING:
                 self._dropped += 1
                 decided.unindex.setdefault(shard, []).append((member, score))
             else:
                 self._alive += 1
-                left = int(reply[1]) if len(reply) > 1 else 0
-                decided.rescore.setdefault(shard, {})[member] = now_ms + max(left, 1)
+                decided.rescore.setdefault(shard, {})[member] = now_ms + max(claim.wait_ms, 1)
         return decided
 
     async def _forget(self, decided: _Round, now_ms: int) -> None:
@@ -608,11 +613,9 @@ def _int(value: str | None) -> int | None:
         return None
 
 
-def _stale_job(job_id: str, reply: list[Any]) -> StaleJob:
-    """Build the StaleJob from a successful claim reply ``{1, fence, now_ms, field, value...}``."""
-    fence, now_ms = int(reply[1]), int(reply[2])
-    flat = [_text(x) for x in reply[3:]]
-    snapshot = dict(zip(flat[::2], flat[1::2], strict=True))
+def _stale_job(job_id: str, claim: ClaimReply) -> StaleJob:
+    """Build the StaleJob from a CLAIMED reply."""
+    snapshot, now_ms = claim.snapshot, claim.claimed_ms
     last = _int(snapshot.get("heartbeat_ms")) or _int(snapshot.get("started_ms"))
     try:
         checkpoint = load_json(snapshot.get("checkpoint"))
@@ -621,7 +624,7 @@ def _stale_job(job_id: str, reply: list[Any]) -> StaleJob:
     return StaleJob(
         job_id=job_id,
         attempt=_int(snapshot.get("attempt")) or 0,
-        fence=fence,
+        fence=claim.fence,
         stale_for=0.0 if last is None else max(0.0, (now_ms - last) / 1000),
         claimed_at_ms=now_ms,
         checkpoint=checkpoint,

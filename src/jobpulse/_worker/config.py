@@ -7,6 +7,7 @@ import re
 from dataclasses import dataclass
 
 from .._checks import check_number
+from .options import HeartbeatSpec
 
 __all__ = [
     "MAX_ERROR_CHARS",
@@ -30,6 +31,9 @@ MAX_ERROR_CHARS = 1000
 """A FAILED job's ``error`` (``"Type: message"``) is cut to this many characters."""
 
 
+_DEFAULTS = HeartbeatSpec()
+
+
 def _positive(name: str, value: object, *, integer: bool = False) -> None:
     check_number(name, value, integer=integer, minimum=0)
 
@@ -50,15 +54,16 @@ class HeartbeatConfig:
         index_every: the running-jobs index entry is refreshed every this many beats (>= 1).
     """
 
-    interval: float = 1.0
-    ttl: float = 6.0
-    stream_every: int = 10
-    maxlen: int = 1000
-    retention: float = 3600.0
-    max_meta_bytes: int = 64 * 1024
-    max_details_bytes: int = 64 * 1024
-    final_timeout: float = 30.0
-    index_every: int = 10
+    # the defaults are the heartbeat's (options.py declares each once)
+    interval: float = _DEFAULTS.interval
+    ttl: float = _DEFAULTS.ttl
+    stream_every: int = _DEFAULTS.stream_every
+    maxlen: int = _DEFAULTS.maxlen
+    retention: float = _DEFAULTS.retention
+    max_meta_bytes: int = _DEFAULTS.max_meta_bytes
+    max_details_bytes: int = _DEFAULTS.max_details_bytes
+    final_timeout: float = _DEFAULTS.final_timeout
+    index_every: int = _DEFAULTS.index_every
 
     def __post_init__(self) -> None:
         _positive("interval", self.interval)

@@ -3,38 +3,23 @@
 The worker holds the lease from a successful acquire until one of:
   * a beat or final write says the lease holds another token (TAKEN_OVER) or the fence moved
     (FENCED_OUT), or
-  * no renewal succeeded within ``ttl`` by the local monotonic clock (EXPIRED).
+  * the worker tried to renew it in time (a beat sent before the local deadline) and no renewal
+    succeeded within ``ttl`` by the local monotonic clock (EXPIRED: Redis did not answer), or
+    a beat sent after the deadline failed too.
 A renewal counts from the moment its beat was *sent*: the server renewed it no earlier than that.
+
+A deadline that passed with no beat sent since the last renewal is a *late* worker (a frozen
+process, a GIL held by a C call, a blocked event loop), not a lost lease: its next beat decides,
+and ``beat.lua`` re-takes a lease nobody claimed (code 2) or answers that it was claimed.
 """
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 from ..errors import LeaseLostCause
 
-__all__ = ["BeatOutcome", "Lease", "classify_beat"]
-
-
-class BeatOutcome(enum.Enum):
-    WRITTEN = "written"
-    RESEND_STATIC = "resend static"  # the snapshot lost writes that landed: resend everything
-    SEQ_BEHIND = "seq behind"  # lease renewed, snapshot already newer: jump seq forward
-    LOST = "lost"
-
-
-def classify_beat(code: int) -> tuple[BeatOutcome, LeaseLostCause | None]:
-    """Map the beat script's reply code (see ``beat.lua``) to what the worker does next."""
-    if code in (1, 2):
-        return BeatOutcome.WRITTEN, None
-    if code == 3:
-        return BeatOutcome.RESEND_STATIC, None
-    if code == 0:
-        return BeatOutcome.SEQ_BEHIND, None
-    if code == -1:
-        return BeatOutcome.LOST, LeaseLostCause.TAKEN_OVER
-    return BeatOutcome.LOST, LeaseLostCause.FENCED_OUT
+__all__ = ["Lease"]
 
 
 @dataclass(slots=True)
@@ -49,6 +34,12 @@ class Lease:
     ttl: float
     renewed_at: float
     lost: LeaseLostCause | None = None
+    tried_at: float | None = None  # the first beat sent since the last renewal, unanswered
+
+    def tried(self, sent_at: float) -> None:
+        """A beat (a renewal attempt) was sent at ``sent_at``."""
+        if self.tried_at is None:
+            self.tried_at = sent_at
 
     @property
     def held(self) -> bool:
@@ -71,10 +62,20 @@ class Lease:
     def renewed(self, sent_at: float) -> None:
         if self.held:
             self.renewed_at = max(self.renewed_at, sent_at)
+            self.tried_at = None
+
+    def overdue(self, now: float) -> bool:
+        """The deadline passed although a renewal was tried before it (Redis did not answer)."""
+        tried = self.tried_at
+        return self.held and now >= self.deadline and tried is not None and tried < self.deadline
+
+    def late(self, now: float) -> bool:
+        """The deadline passed with no renewal tried before it: the worker was late."""
+        return self.held and now >= self.deadline and not self.overdue(now)
 
     def expire_if_due(self, now: float) -> bool:
-        """Mark the lease EXPIRED when its deadline passed; True when this call lost it."""
-        if self.held and now >= self.deadline:
+        """Mark the lease EXPIRED when it is :meth:`overdue`; True when this call lost it."""
+        if self.overdue(now):
             self.lost = LeaseLostCause.EXPIRED
             return True
         return False

@@ -19,29 +19,33 @@ import os
 import secrets
 import socket
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Generic, TypeVar
 
 from .._protocol import calls, wire
 from .._protocol.calls import AcquireCode, AcquireReply, BeatCode, BeatReply, FinishCode
 from .._protocol.codec import dump_json, fmt_float, fmt_int, load_json
 from .._protocol.keys import KeySchema, check_job_id
-from ..errors import JobBusy, LeaseLostCause
+from ..errors import JobBusy, JobCancelled, LeaseLost, LeaseLostCause, StateNotWritten
 from .config import MAX_ERROR_CHARS, HeartbeatConfig, check_kind, check_stage, check_total
 from .lease import Lease
+from .options import HeartbeatSpec
+from .retry import retry_after
 from .sampling import ProcessSample, RateWindow
 
-__all__ = ["BeatMachine", "FinalPlan", "ReplyVerdict", "error_text"]
-
-ACQUIRE_RETRY_FIRST = 0.02
-"""Seconds before the first retry of the index entry and the acquire after a Redis fault."""
-ACQUIRE_RETRY_CAP = 0.5
-"""The retries back off (doubling) up to this many seconds; all of them within ``ttl``."""
+__all__ = [
+    "BeatMachine",
+    "Ending",
+    "ExitVerdict",
+    "Expiry",
+    "FinalPlan",
+    "ReplyVerdict",
+    "error_text",
+]
 
 H = TypeVar("H")
 
 _ALL = range(len(calls.BEAT_FIELDS))
-_DIGITS = calls.BEAT_DIGITS
 
 _LOST_CAUSE = {BeatCode.TAKEN_OVER: LeaseLostCause.TAKEN_OVER}
 _FINISH_LOST = {FinishCode.TAKEN_OVER: LeaseLostCause.TAKEN_OVER}
@@ -67,6 +71,64 @@ class ReplyVerdict(Generic[H]):
 
 
 @dataclass(frozen=True, slots=True)
+class Expiry:
+    """What the lease timer does (:meth:`BeatMachine.check_expiry`).
+
+    Attributes:
+        cause: EXPIRED when this check lost the lease (stop the body), else None.
+        beat_now: the worker was late and its next beat is now due earlier (plan it again).
+        recheck_at: when to check again (``inf``: never, the lease is lost).
+    """
+
+    cause: LeaseLostCause | None
+    beat_now: bool
+    recheck_at: float
+
+
+@dataclass(frozen=True, slots=True)
+class ExitVerdict:
+    """What leaving a heartbeat's ``with`` block does (:meth:`BeatMachine.exit_verdict`).
+
+    Attributes:
+        error: the exception to raise (its ``__cause__`` set), else None: the body's own
+            exception, if any, propagates unchanged.
+        note: a note to add to the body's own exception, else None.
+    """
+
+    error: BaseException | None
+    note: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Ending:
+    """The end of a job (:meth:`BeatMachine.ending`): ``plan``, then :meth:`leave`."""
+
+    machine: BeatMachine[Any]
+    plan: FinalPlan
+    crash: BaseException | None
+    exc: BaseException | None
+    interrupted: bool
+    external_cancel: bool
+
+    def leave(self, written: bool | None) -> None:
+        """Raise what leaving the block must raise after the final write (``written``: its
+        outcome, None when nothing was to be written); else return, and the body's own
+        exception, if any, propagates unchanged (with a note when its end was not written)."""
+        verdict = self.machine.exit_verdict(
+            crash=self.crash,
+            exc=self.exc,
+            interrupted=self.interrupted,
+            external_cancel=self.external_cancel,
+            status=self.plan.status,
+            written=written,
+        )
+        if verdict.note is not None and self.exc is not None:
+            self.exc.add_note(verdict.note)
+        if verdict.error is not None:
+            raise verdict.error
+
+
+@dataclass(frozen=True, slots=True)
 class FinalPlan:
     """Which final state to write and how (``write`` False: the lease was fenced or taken
     over, so nothing is written)."""
@@ -80,43 +142,18 @@ class FinalPlan:
 class BeatMachine(Generic[H]):
     """The state of one job's heartbeat. Every argument is checked here, before any I/O."""
 
-    def __init__(
-        self,
-        job_id: str,
-        *,
-        total: int | None,
-        interval: float,
-        ttl: float,
-        namespace: str,
-        meta: Any,
-        kind: str,
-        worker: str | None,
-        stream_every: int,
-        maxlen: int,
-        retention: float,
-        max_meta_bytes: int,
-        max_details_bytes: int,
-        final_timeout: float,
-        index_every: int,
-        index_shards: int,
-    ) -> None:
+    def __init__(self, job_id: str, spec: HeartbeatSpec) -> None:
         self.job_id = check_job_id(job_id)
-        self.schema = KeySchema(namespace, index_shards)
+        self.schema = KeySchema(spec.namespace, spec.index_shards)
         self.keys = self.schema.job(job_id).all()
         self.index_shard = self.schema.index_for(job_id)  # the running-index shard of the job
+        # the checked timing and size options: the spec's fields of the same names
         self.cfg = HeartbeatConfig(
-            interval=interval,
-            ttl=ttl,
-            stream_every=stream_every,
-            maxlen=maxlen,
-            retention=retention,
-            max_meta_bytes=max_meta_bytes,
-            max_details_bytes=max_details_bytes,
-            final_timeout=final_timeout,
-            index_every=index_every,
+            **{f.name: getattr(spec, f.name) for f in fields(HeartbeatConfig)}
         )
+        total, meta, kind, worker = spec.total, spec.meta, spec.kind, spec.worker
         self.total = check_total(total)
-        self.meta = "" if meta is None else dump_json(meta, limit=max_meta_bytes, name="meta")
+        self.meta = "" if meta is None else dump_json(meta, limit=spec.max_meta_bytes, name="meta")
         self.kind = check_kind(kind)
         self.worker = worker if worker is not None else f"{socket.gethostname()}:{os.getpid()}"
         if not isinstance(self.worker, str) or not 1 <= len(self.worker) <= 200:
@@ -172,9 +209,17 @@ class BeatMachine(Generic[H]):
         self.index_score = deadline_ms
         horizon_ms = int(self.cfg.index_horizon * 1000)
         latest = deadline_ms - min(self.cfg.ttl_ms, horizon_ms // 4)
-        args = [self.token, self.cfg.ttl_ms, self.cfg.maxlen, self.worker]
-        args += [fmt_int(self.total), self.meta, "", self.kind, latest]
-        return calls.acquire(self.keys, args)
+        return calls.acquire(
+            self.keys,
+            token=self.token,
+            ttl_ms=self.cfg.ttl_ms,
+            maxlen=self.cfg.maxlen,
+            worker=self.worker,
+            total=fmt_int(self.total),
+            meta=self.meta,
+            kind=self.kind,
+            latest=latest,
+        )
 
     def acquired(self, reply: AcquireReply, sent_at: float) -> None:
         """Take the acquire's reply; raise when nothing was started."""
@@ -214,6 +259,14 @@ class BeatMachine(Generic[H]):
             + f") while trying to {step}; {left}"
         )
 
+    def kind_index_commands(self) -> list[tuple[Any, ...]]:
+        """The per-kind index entry and the kinds set, written at acquire (docs/protocol.md):
+        scored by this attempt's start, and by its running-index deadline."""
+        return [
+            tuple(wire.zadd(self.schema.kind_index(self.kind), {self.job_id: self.started_ms})),
+            tuple(wire.zadd(self.schema.kinds(), {self.kind: self.index_score})),
+        ]
+
     # -- the body's requests -------------------------------------------------------------------
 
     def set_stage(self, name: str) -> bool:
@@ -243,8 +296,8 @@ class BeatMachine(Generic[H]):
     def next_beat(
         self, now: float, lag: float, sample: ProcessSample, done: int, total: int | None
     ) -> list[Any]:
-        """Build the next beat (this job's segment of a ``beat.lua`` call: see
-        ``calls.beat_command``) and mark it in flight."""
+        """Build the next beat (this job's segment of a ``beat.lua`` call, encoded by
+        :func:`calls.encode_beat`) and mark it in flight."""
         kind, details, checkpoint = "", "", None
         self.beats += 1
         if self._checkpoints:
@@ -258,6 +311,7 @@ class BeatMachine(Generic[H]):
             self._last_event_beat = self.beats
             self._stage_changed = False
         self._inflight = (kind, checkpoint)
+        self.lease.tried(now)
         replay, self._replay = self._replay, None
         reused = bool(replay and checkpoint is replay[1] and self.seq == replay[0])
         if not reused:
@@ -270,21 +324,18 @@ class BeatMachine(Generic[H]):
         ]
         if kind and present[:3] != [0, 1, 2]:
             present = sorted({0, 1, 2, *present})
-        names = "".join([_DIGITS[i] for i in present])
-        # a beat that resends everything repairs any loss: nothing to check (landed 0)
-        landed = 0 if self._resend_static else self.landed
-        args: list[Any] = [0, *self.beat_head, self.seq, landed, names + "+" if kind else names]
-        args += [values[i] for i in present]
-        if kind:
-            args += [kind, details, self.cfg.maxlen]
         self._sent = (values, present, reused)
+        pairs: list[Any] = []
         if checkpoint is not None:
             self._last_checkpoint = details
-            args += ["checkpoint", details]
+            pairs += ["checkpoint", details]
         if self._resend_static:
-            args += self._static_pairs()
-        args[0] = len(args) - 1
-        return args
+            pairs += self._static_pairs()
+        event = (kind, details, self.cfg.maxlen) if kind else None
+        sent = [values[i] for i in present]
+        # a beat that resends everything repairs any loss: nothing to check (landed 0)
+        landed = 0 if self._resend_static else self.landed
+        return calls.encode_beat(self.beat_head, self.seq, landed, present, sent, event, pairs)
 
     def index_due(self) -> bool:
         """The running-index entry is refreshed with this beat (every ``index_every`` beats,
@@ -350,12 +401,14 @@ class BeatMachine(Generic[H]):
             self.cancel_requested = verdict.cancel = True
         return verdict
 
-    def beat_failed(self, sent_at: float, *, at_once: bool, ended: bool) -> None:
+    def beat_failed(self, sent_at: float, *, at_once: bool, ended: bool) -> LeaseLostCause | None:
         """A beat got no answer, or an error: retry after ``min(interval, 0.25)`` s, or at once
-        (NOSCRIPT: the script is being loaded)."""
+        (NOSCRIPT: the script is being loaded). Returns EXPIRED when this was a late beat (sent
+        after the lease's local deadline, see :meth:`check_expiry`) that is not sent again at
+        once: it could not take the lease back, so the lease is lost."""
         inflight, self._inflight = self._inflight, None
         if ended:
-            return
+            return None
         self.failed += 1
         sent, self._sent = self._sent, None
         if sent is not None:  # written or not: unknown, sent again
@@ -364,7 +417,12 @@ class BeatMachine(Generic[H]):
         if inflight is not None and inflight[1] is not None:
             self._replay = (self.seq, inflight[1])
         self._requeue(inflight)
-        self.due = sent_at if at_once else sent_at + min(self.cfg.interval, 0.25)
+        self.due = sent_at if at_once else sent_at + retry_after(self.cfg.interval)
+        # a late beat that got no answer: lost (one that is sent again at once wrote nothing:
+        # a NOSCRIPT, a refused TIME; its resend decides)
+        if not at_once and self.lease.held and sent_at >= self.lease.deadline:
+            return self.lose(LeaseLostCause.EXPIRED)
+        return None
 
     def _requeue(self, inflight: tuple[str, tuple[str, H] | None] | None) -> None:
         if inflight is None:
@@ -377,9 +435,38 @@ class BeatMachine(Generic[H]):
 
     # -- the lease ------------------------------------------------------------------------------
 
-    def expire_if_due(self, now: float) -> LeaseLostCause | None:
-        """EXPIRED when the lease's local deadline passed (and it was held until now)."""
-        return LeaseLostCause.EXPIRED if self.lease.expire_if_due(now) else None
+    def check_expiry(self, now: float) -> Expiry:
+        """The lease-expiry and late-beat rules, for every shell's lease timer (and a sync
+        exit): at ``now``, is the lease lost, must a beat go out at once, when to look again?
+
+        * the deadline has not passed: look again at the deadline (renewals move it; a timer is
+          not moved on every renewal, it re-arms itself when it fires early);
+        * it passed although a beat was sent before it (Redis did not answer in time): the lease
+          is EXPIRED, the body must stop;
+        * it passed with no beat sent since the last renewal: the worker itself was late (a
+          frozen process, a GIL held by a C call, a blocked loop). Not lost: a beat is due now,
+          and its reply decides (``beat.lua`` re-takes a lease nobody claimed, else answers
+          taken over or fenced out; a failure of that beat expires it, see
+          :meth:`beat_failed`). Look again one interval later.
+        """
+        lease = self.lease
+        if not lease.held:
+            return Expiry(None, False, float("inf"))
+        if now < lease.deadline:
+            return Expiry(None, False, lease.deadline)
+        if lease.expire_if_due(now):
+            return Expiry(LeaseLostCause.EXPIRED, False, float("inf"))
+        beat_now = self._inflight is None and self.due > now
+        if self._inflight is None:
+            self.due = min(self.due, now)
+        return Expiry(None, beat_now, now + self.cfg.interval)
+
+    def beat_budget(self, now: float) -> float:
+        """Seconds a beat sent at ``now`` may wait for its reply: the lease time left, or
+        ``ttl`` for a late beat (sent after the deadline: it tries to take the lease back, and
+        the job stops within ``ttl`` when Redis does not answer it)."""
+        left = self.lease.left(now)
+        return max(0.05, left if left > 0 else self.cfg.ttl)
 
     def lose(self, cause: LeaseLostCause) -> LeaseLostCause | None:
         """Record a loss; the cause when this call lost the lease, None when already lost."""
@@ -422,6 +509,79 @@ class BeatMachine(Generic[H]):
         write = cause in (None, LeaseLostCause.EXPIRED)
         return FinalPlan(status, error, write, limit)
 
+    def end_plan(
+        self,
+        *,
+        crash: BaseException | None,
+        exc: BaseException | None,
+        interrupted: bool,
+        external_cancel: bool,
+    ) -> FinalPlan:
+        """:meth:`final_plan` of how the body ended, in every shell's terms. ``exc``: what left
+        the body; ``interrupted``: ``exc`` is the shell's own interruption of the body (the
+        asyncio shell's task cancellation), not an outcome of the job; ``external_cancel``: the
+        body was cancelled from outside jobpulse (the asyncio task's owner)."""
+        return self.final_plan(
+            crash=crash,
+            exc=None if interrupted else exc,
+            cancelled=external_cancel or isinstance(exc, JobCancelled),
+        )
+
+    def ending(
+        self,
+        *,
+        crash: BaseException | None,
+        exc: BaseException | None,
+        interrupted: bool,
+        external_cancel: bool,
+    ) -> Ending:
+        """How the job ends (arguments as for :meth:`end_plan`): its ``plan`` says what the
+        shell writes; ``leave(written)`` then raises what the block must raise."""
+        plan = self.end_plan(
+            crash=crash, exc=exc, interrupted=interrupted, external_cancel=external_cancel
+        )
+        return Ending(self, plan, crash, exc, interrupted, external_cancel)
+
+    def exit_verdict(
+        self,
+        *,
+        crash: BaseException | None,
+        exc: BaseException | None,
+        interrupted: bool,
+        external_cancel: bool,
+        status: str,
+        written: bool | None,
+    ) -> ExitVerdict:
+        """What leaving the ``with`` block raises, after the final write (``written``: True,
+        False, or None when nothing was to be written): a crash of jobpulse's own >
+        ``LeaseLost`` > ``StateNotWritten`` (the body succeeded, its end was not written; when it
+        failed, its own exception gets a note instead) > ``JobCancelled`` (a cancel request the
+        body did not answer with ``JobCancelled`` itself) > the body's own exception, unchanged.
+        Arguments as for :meth:`end_plan`."""
+        if crash is not None:
+            return ExitVerdict(crash, None)
+        if self.lease.lost is not None:
+            lost = LeaseLost(self.job_id, self.lease.lost)
+            quiet = interrupted or isinstance(exc, JobCancelled)
+            lost.__cause__ = None if quiet else exc  # ``raise lost from ...``
+            lost.__suppress_context__ = True
+            return ExitVerdict(lost, None)
+        if written is False:
+            message = f"the final state {status} of job {self.job_id!r} was not written to Redis"
+            if exc is None:
+                return ExitVerdict(StateNotWritten(message), None)
+            if not external_cancel:
+                return ExitVerdict(self._cancel_error(exc, interrupted), message)
+            return ExitVerdict(None, message)
+        if external_cancel:
+            return ExitVerdict(None, None)
+        return ExitVerdict(self._cancel_error(exc, interrupted), None)
+
+    def _cancel_error(self, exc: BaseException | None, interrupted: bool) -> JobCancelled | None:
+        if self.cancel_requested and (exc is None or interrupted):
+            return JobCancelled(f"job {self.job_id!r} was cancelled on request")
+        return None
+
     def finish_call(
         self,
         status: str,
@@ -431,10 +591,19 @@ class BeatMachine(Generic[H]):
         total: int | None,
     ) -> calls.Call[FinishCode]:
         """The final write of ``status`` (the shell bumps ``seq`` once before the first try)."""
-        args: list[Any] = [self.token, self.fence, self.cfg.ttl_ms, self.seq, status]
-        args += [error[:MAX_ERROR_CHARS], self.cfg.maxlen, int(self.cfg.retention * 1000)]
-        args += ["", *self._dynamic(done, total, sample, 0.0, None), *self._static_pairs()]
-        return calls.finish(self.keys, args)
+        return calls.finish(
+            self.keys,
+            token=self.token,
+            fence=self.fence,
+            ttl_ms=self.cfg.ttl_ms,
+            seq=self.seq,
+            status=status,
+            error=error[:MAX_ERROR_CHARS],
+            maxlen=self.cfg.maxlen,
+            retention_ms=int(self.cfg.retention * 1000),
+            dynamic=self._dynamic(done, total, sample, 0.0, None),
+            pairs=self._static_pairs(),
+        )
 
     def finished(self, code: FinishCode) -> bool:
         """Take the final write's reply; True when the job may be dropped from the index."""

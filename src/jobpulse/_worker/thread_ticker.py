@@ -28,12 +28,11 @@ from collections.abc import Callable
 from typing import Any
 
 from .._protocol.clock import clock_of
-from .._protocol.errors import is_redis_fault, tolerate_faults
-from .._protocol.ratelimit import RateLimitedLog
-from .._protocol.wire import exchange_sync, fast_client
-from .plan import CHUNK, Beating, BeatPlan, beat_calls, beat_commands, pack_beats, settle_beats
-from .sampling import ProcessSample, ProcessSampler
-from .stats import WORKER_STATS
+from .._protocol.errors import tolerate_faults
+from .._protocol.wire import exchange_sync
+from .plan import CHUNK, Beating, beat_commands, pack_beats
+from .sampling import ProcessSample
+from .tick import TickCore
 
 __all__ = ["ThreadTicker"]
 
@@ -42,23 +41,16 @@ _TICKERS: weakref.WeakValueDictionary[int, ThreadTicker] = weakref.WeakValueDict
 _REGISTRY = threading.Lock()
 
 
-class ThreadTicker:
+class ThreadTicker(TickCore):
     """Beats every registered sync job of one blocking Redis client. Use :meth:`for_client`."""
 
     def __init__(self, redis: Any, clock: Callable[[], float]) -> None:
-        self._redis = redis
-        self._clock = clock
+        super().__init__(redis, clock)
         self.lock = threading.RLock()  # guards the plan and every registered job's machine
         self._cond = threading.Condition(self.lock)
-        self._plan: BeatPlan[Beating] = BeatPlan()
         self._deadlines: list[tuple[float, int, Beating]] = []
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
-        self._sampler = ProcessSampler(clock)
-        self._warn = RateLimitedLog(log, clock)
-        self._server_delta: float | None = None
-        self.packed = fast_client(redis)  # a tick: one packed write on a pooled connection
-        self.pipelines = 0
 
     @classmethod
     def for_client(cls, redis: Any, clock: Callable[[], float]) -> ThreadTicker:
@@ -72,7 +64,7 @@ class ThreadTicker:
     def add(self, job: Beating) -> None:
         with self._cond:
             self._plan.add(job)
-            self._arm(job)
+            self._arm(job, job.machine.lease.deadline)
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="jobpulse-beat", daemon=True)
                 self._thread.start()
@@ -97,22 +89,25 @@ class ThreadTicker:
         alive = self._thread is not None
         return f"<ThreadTicker jobs={len(self._plan)} pipelines={self.pipelines} running={alive}>"
 
-    def _arm(self, job: Beating) -> None:
-        deadline = job.machine.lease.deadline
-        heapq.heappush(self._deadlines, (deadline, next(self._order), job))
+    def _arm(self, job: Beating, when: float) -> None:
+        heapq.heappush(self._deadlines, (when, next(self._order), job))
 
     def _expire(self, now: float) -> None:
-        """Lose the leases whose deadline passed; re-arm those renewed meanwhile."""
+        """Apply the machine's expiry rule (:meth:`BeatMachine.check_expiry`) to the jobs whose
+        check time came: lose, beat at once (a late wake), and look again when it says."""
         heap = self._deadlines
         while heap and heap[0][0] <= now:
             _, _, job = heapq.heappop(heap)
-            if self._plan.jobs.get(id(job)) is not job or not job.machine.lease.held:
+            if self._plan.jobs.get(id(job)) is not job:
                 continue
-            cause = job.machine.expire_if_due(now)
-            if cause is None:
-                self._arm(job)
-            else:
-                job.lease_expired(cause)
+            expiry = job.machine.check_expiry(now)
+            if expiry.cause is not None:
+                job.lease_expired(expiry.cause)
+                continue
+            if expiry.beat_now:
+                self._plan.schedule(job)
+            if expiry.recheck_at != math.inf:
+                self._arm(job, expiry.recheck_at)
 
     def _run(self) -> None:
         intended: float | None = None
@@ -123,9 +118,7 @@ class ThreadTicker:
                         self._thread = None  # decided under the lock: ``add`` starts a new one
                         return
                     now = self._clock()
-                    lag = 0.0 if intended is None else max(0.0, now - intended)
-                    if intended is not None:
-                        WORKER_STATS.lagged(lag)
+                    lag = self._lag(now, intended)
                     self._expire(now)
                     due = self._plan.take_due(now)
                     sample = self._sampler.sample() if due else None
@@ -138,11 +131,9 @@ class ThreadTicker:
                     self._send(beats, now)
                 intended = self._sleep()
         except Exception as exc:  # a bug, not a Redis fault: those are handled per send
-            log.exception("jobpulse beat thread crashed; stopping its jobs")
             with self._cond:
                 self._thread = None
-                for job in list(self._plan.jobs.values()):
-                    job.crashed(exc)
+                self._crashed(exc)
 
     def _sleep(self) -> float | None:
         with self._cond:
@@ -150,24 +141,18 @@ class ThreadTicker:
                 return None
             first = self._deadlines[0][0] if self._deadlines else self._plan.first()
             when = min(self._plan.first(), first)
+            if when == math.inf:  # nothing planned (every lease lost): wait for add/remove
+                self._cond.wait()
+                return None
             timeout = when - self._clock()
             if timeout <= 0:
                 return None
-            # inf: no beat planned and no deadline left (a lost lease, a checkpoint waiting for
-            # it): sleep until notified, as the asyncio ticker does (wait(inf) is OverflowError)
-            notified = self._cond.wait(None if math.isinf(timeout) else timeout)
+            notified = self._cond.wait(timeout)
             return None if notified else when
 
-    def _server_now(self) -> Callable[[], float] | None:
-        delta = self._server_delta
-        return None if delta is None else (lambda: self._clock() + delta)
-
     def _send(self, beats: list[tuple[Beating, list[Any]]], sent_at: float) -> None:
-        jobs = [job for job, _ in beats]
-        # one beat.lua call per BATCH jobs (per hash slot on a cluster client)
-        batches = beat_calls(beats, getattr(self._redis, "keyslot", None))
         with self.lock:
-            index = self._plan.index_refresh(jobs, self._server_now())
+            jobs, batches, index = self._calls(beats)
         clock = clock_of(self._redis)
         try:
             clock.sample_sync(self._redis)  # argument time only, when due: else nothing
@@ -179,22 +164,13 @@ class ThreadTicker:
                 for command in beat_commands(batches, index, clock):
                     pipe.execute_command(*command)
                 results = pipe.execute(raise_on_error=False)
-            self.pipelines += 1
-            WORKER_STATS.beats += len(jobs)
+            self._sent(jobs)
         except Exception as exc:
-            if not is_redis_fault(exc):
-                raise
             with self.lock:
-                for job in jobs:
-                    job.beat_failed(sent_at, exc, quiet=True, at_once=False)
-            self._warn.warning("beats of %d job(s) failed, retrying: %r", len(jobs), exc)
+                self._failed(jobs, sent_at, exc)
             return
         with self.lock:
-            settled = settle_beats([b for b, _ in batches], results, index, sent_at, clock)
-            if settled.server_ms is not None:
-                self._server_delta = settled.server_ms / 1000 - sent_at
-        if settled.index_failure is not None:  # the next refresh will retry
-            self._warn.warning("running-index refresh failed: %r", settled.index_failure)
-        for script in settled.load:
+            load = self._settled(batches, results, index, sent_at, clock)
+        for script in load:
             with tolerate_faults(lambda _: None):  # the beats are retried, and so is the load
                 self._redis.script_load(script.text)

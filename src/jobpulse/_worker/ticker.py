@@ -30,12 +30,11 @@ from typing import Any
 from .._protocol.clock import clock_of
 from .._protocol.cluster import pipelined
 from .._protocol.deadline import cancellable
-from .._protocol.errors import is_redis_fault, tolerate_faults
-from .._protocol.ratelimit import RateLimitedLog
-from .._protocol.wire import exchange, fast_client
-from .plan import CHUNK, Beating, BeatPlan, beat_calls, beat_commands, pack_beats, settle_beats
-from .sampling import ProcessSample, ProcessSampler
-from .stats import WORKER_STATS
+from .._protocol.errors import tolerate_faults
+from .._protocol.wire import exchange
+from .plan import CHUNK, Beating, beat_commands, pack_beats
+from .sampling import ProcessSample
+from .tick import TickCore
 
 __all__ = ["CHUNK", "SENDS", "Ticker"]
 
@@ -46,25 +45,18 @@ default (MaxConnectionsError), and a few pipelines already keep one Redis busy."
 _TICKERS: weakref.WeakValueDictionary[int, Ticker] = weakref.WeakValueDictionary()
 
 
-class Ticker:
+class Ticker(TickCore):
     """Beats every registered job of one asyncio Redis client. Use :meth:`for_client`."""
 
     def __init__(self, redis: Any, clock: Callable[[], float]) -> None:
-        self._redis = redis
-        self._clock = clock
-        self._plan: BeatPlan[Beating] = BeatPlan()
+        super().__init__(redis, clock)
         self._next_wake = math.inf
         self._wake = asyncio.Event()
         # The one ``_run`` loop, or None. Set when a loop starts and cleared by that loop, in the
         # same step in which it finds no jobs left (no await in between): ``add`` starts a loop
         # exactly when none is looping, so two loops never beat the same jobs.
         self._task: asyncio.Task[None] | None = None
-        self._sampler = ProcessSampler(clock)
-        self._warn = RateLimitedLog(log, clock)
         self._sends = asyncio.Semaphore(SENDS)
-        self._server_delta: float | None = None  # server clock (s) minus our clock
-        self.packed = fast_client(redis)  # a tick: one packed write on a pooled connection
-        self.pipelines = 0
 
     @classmethod
     def for_client(cls, redis: Any, clock: Callable[[], float]) -> Ticker:
@@ -116,9 +108,7 @@ class Ticker:
                 intended: float | None = None
                 while self._plan:
                     now = self._clock()
-                    lag = 0.0 if intended is None else max(0.0, now - intended)
-                    if intended is not None:
-                        WORKER_STATS.lagged(lag)
+                    lag = self._lag(now, intended)
                     due = self._plan.take_due(now)
                     if due:
                         await self._dispatch(due, now, lag, sends)
@@ -128,9 +118,7 @@ class Ticker:
                 self._release(me)
         except Exception as exc:  # a bug, not a Redis fault: those are handled per send
             self._release(me)
-            log.exception("jobpulse ticker crashed; stopping its jobs")
-            for job in list(self._plan.jobs.values()):
-                job.crashed(exc)
+            self._crashed(exc)
         finally:
             self._release(me)
 
@@ -170,16 +158,9 @@ class Ticker:
             if start + CHUNK < len(due):
                 await asyncio.sleep(0)  # never block the loop for a whole 10,000-job tick
 
-    def _server_now(self) -> Callable[[], float] | None:
-        delta = self._server_delta
-        return None if delta is None else (lambda: self._clock() + delta)
-
     async def _send(self, beats: list[tuple[Beating, list[Any]]], sent_at: float) -> None:
-        jobs = [job for job, _ in beats]
-        # one beat.lua call per BATCH jobs (per hash slot on a cluster client)
-        batches = beat_calls(beats, getattr(self._redis, "keyslot", None))
-        budget = max(0.05, min(job.machine.lease.left(sent_at) for job in jobs))
-        index = self._plan.index_refresh(jobs, self._server_now())
+        jobs, batches, index = self._calls(beats)
+        budget = min(job.machine.beat_budget(sent_at) for job in jobs)
         clock = clock_of(self._redis)
         try:
             async with asyncio.timeout(budget), self._sends:
@@ -191,20 +172,10 @@ class Ticker:
                 else:  # a cluster (ASK followed on one connection) or one connection
                     commands = beat_commands(batches, index, clock)
                     results = await cancellable(pipelined(self._redis, commands))
-            self.pipelines += 1
-            WORKER_STATS.beats += len(jobs)
+            self._sent(jobs)
         except Exception as exc:
-            if not is_redis_fault(exc):
-                raise
-            for job in jobs:
-                job.beat_failed(sent_at, exc, quiet=True, at_once=False)
-            self._warn.warning("beats of %d job(s) failed, retrying: %r", len(jobs), exc)
+            self._failed(jobs, sent_at, exc)
             return
-        settled = settle_beats([b for b, _ in batches], results, index, sent_at, clock)
-        if settled.index_failure is not None:  # the next refresh will retry
-            self._warn.warning("running-index refresh failed: %r", settled.index_failure)
-        if settled.server_ms is not None:
-            self._server_delta = settled.server_ms / 1000 - sent_at
-        for script in settled.load:
+        for script in self._settled(batches, results, index, sent_at, clock):
             with tolerate_faults(lambda _: None):  # the beats are retried, and so is the load
                 await self._redis.script_load(script.text)

@@ -55,6 +55,7 @@ from .._reader.sync_reader import SyncStatusReader
 from .._worker.config import MAX_KIND_CHARS, HeartbeatConfig
 from .._worker.current import current
 from .._worker.heartbeat import JobHeartbeat, heartbeat
+from .._worker.retry import retry_after
 from .._worker.sync_heartbeat import SyncHeartbeat
 from .._worker.sync_heartbeat import heartbeat as sync_heartbeat
 from ..errors import JobBusy
@@ -319,7 +320,7 @@ async def pulse(
             first = first or view
             if time.monotonic() >= deadline or (view and first and holder_alive(first, view)):
                 raise
-            await asyncio.sleep(min(options.interval, 0.25))
+            await asyncio.sleep(retry_after(options.interval))
             continue
         break
 
@@ -467,7 +468,7 @@ def pulse_sync(
             first = first or view
             if time.monotonic() >= deadline or (view and first and holder_alive(first, view)):
                 raise
-            time.sleep(min(options.interval, 0.25))
+            time.sleep(retry_after(options.interval))
             continue
         break
 
