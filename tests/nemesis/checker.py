@@ -129,8 +129,9 @@ class _Index:
 
     # -- the rules
     def live_never_stale(self) -> Iterable[Violation]:
+        seen: set[tuple[str, int]] = set()  # one violation per attempt: its first such read
         for r in self.by_op["read"]:
-            if r["state"] != "STALE":
+            if r["state"] != "STALE" or (r["job"], r["fence"]) in seen:
                 continue
             acq = self.acquired.get((r["job"], r["fence"]))
             if acq is None:
@@ -144,6 +145,7 @@ class _Index:
                 continue
             if self._excused(pid, r["t0"] - self.lim.cache_ttl, r["t"]):
                 continue
+            seen.add((r["job"], r["fence"]))
             yield Violation("live-never-stale",
                             f"job {r['job']} read STALE while its worker (pid {pid}) was alive, "
                             "running and reachable", [acq, r])  # fmt: skip

@@ -35,6 +35,7 @@ from .checker import Limits, Violation, check, report
 from .history import History, Record, load
 
 NS = "nemesis"
+SHOWN = 3  # violations printed in full per rule
 TTL = 3.0
 INTERVAL = 0.5
 # (kind, weight): a fault's kind is drawn with these weights.
@@ -275,6 +276,10 @@ def run(seed: int, seconds: float, keep: str | None = None) -> tuple[list[Violat
              f"  operations checked: {ops} ({by_op})",
              f"  faults injected: {h.injected} ({by_kind})",
              f"  violations: {len(violations)}"]  # fmt: skip
+    by_rule: dict[str, list[Violation]] = {}
     for v in violations:
-        lines.append(report(seed, faults, history, v, LIMITS))
+        by_rule.setdefault(v.rule, []).append(v)
+    for rule, vs in by_rule.items():
+        lines.append(f"  {rule}: {len(vs)} violation(s); the first {min(len(vs), SHOWN)}:")
+        lines += [report(seed, faults, history, v, LIMITS) for v in vs[:SHOWN]]
     return violations, "\n".join(lines)
