@@ -329,7 +329,8 @@ def report(seed: int, schedule: Sequence[Record], history: Sequence[Record],
     ts = [r["t"] for r in violation.records]
     lo, hi = min(ts) - limits.ttl - limits.grace, max(ts) + limits.grace
     jobs = violation.jobs
-    pids = {r["pid"] for r in violation.records} | {
+    # the processes of the records (a reader's own other reads left out) and the faults' targets
+    pids = {r["pid"] for r in violation.records if r["op"] != "read"} | {
         r.get("target") for r in violation.records if "target" in r
     }
     part = [r for r in history if lo <= r["t"] <= hi and (
