@@ -178,6 +178,8 @@ class _Index:
             key = (d["job"], d["attempt"], d["fence"])
             if key in acked or key in seen or d["t"] > self.end_faults:
                 continue
+            if self._data_lost(d["t"], self.end):
+                continue  # the claim was lost with the data: nothing is left to deliver
             seen.add(key)
             yield Violation("delivered-until-acked",
                             f"the claim of attempt {d['attempt']} of job {d['job']} was never "

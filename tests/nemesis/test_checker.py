@@ -165,3 +165,9 @@ def test_after_a_data_loss_the_checkpoints_since_or_else_the_last_before_must_be
     assert rules_of([*h, later, rec(31.0, "dump", 1, **dump, checkpoints=[2])]) == [
         "checkpoint-kept"
     ]
+
+
+def test_a_claim_lost_with_the_data_need_not_be_delivered_again() -> None:
+    h = clean() + BROKEN["delivered-until-acked"]
+    assert rules_of([*h, fault("restart", "redis", 22.0, 22.1)]) == []
+    assert rules_of([*h, fault("restart", "redis", 20.0, 20.1)]) == ["delivered-until-acked"]
