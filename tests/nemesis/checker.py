@@ -234,7 +234,10 @@ class _Index:
                     continue
                 same = r["fence"] == f["fence"] and r["state"] == f["state"]
                 resumed = f["state"] == "LOST" and r["fence"] > f["fence"]
-                if same or resumed or self._data_lost(f["t"], r["t"]):
+                # the final write may land from its start on; a terminal read may come from
+                # the reader's cache, filled up to cache_ttl before the read started
+                since = f["t0"] - (self.lim.cache_ttl if f["op"] == "read" else 0.0)
+                if same or resumed or self._data_lost(since, r["t"]):
                     continue
                 flagged.add(key)
                 yield Violation("final-never-overwritten",

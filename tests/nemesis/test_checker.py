@@ -171,3 +171,15 @@ def test_a_claim_lost_with_the_data_need_not_be_delivered_again() -> None:
     h = clean() + BROKEN["delivered-until-acked"]
     assert rules_of([*h, fault("restart", "redis", 22.0, 22.1)]) == []
     assert rules_of([*h, fault("restart", "redis", 20.0, 20.1)]) == ["delivered-until-acked"]
+
+
+def test_a_terminal_read_served_from_the_cache_after_a_data_loss_is_no_final_state_after_it() -> (
+    None
+):
+    h = [*clean(), fault("restart", "redis", 4.6, 4.7)]  # after j's final write, before a read
+    # a COMPLETED read at 5.0 served from a cache filled before the loss, then UNKNOWN
+    assert (
+        rules_of([*h, read(4.9, "COMPLETED", 5, 6, reader="b"), read(6.0, "UNKNOWN", 0, 0)]) == []
+    )
+    # without the loss the UNKNOWN read breaks the rule
+    assert rules_of([*clean(), read(6.0, "UNKNOWN", 0, 0)]) == ["final-never-overwritten"]
