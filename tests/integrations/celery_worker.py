@@ -1,9 +1,11 @@
 """A Celery worker process for the tests: ``python -m tests.integrations.celery_worker URL
-NAMESPACE MODE [POOL]`` where MODE is ``jobpulse`` (instrumented, interval 0.25 s, ttl 1 s) or
-``plain``, and POOL ``threads`` (the default) or ``prefork``. The app acks late, with
-``visibility_timeout=3`` and the restore scan every 1 s, keys prefixed by ``NAMESPACE:`` and the
-queue ``NAMESPACE:q``; a threads pool of 4 (so a restored copy of a running task starts beside it)
-or a prefork pool of one child. Prints ``ready`` once the worker consumes; every task INCRs
+NAMESPACE MODE [POOL [CONCURRENCY [BROKER]]]`` where MODE is ``jobpulse`` (instrumented, interval
+0.25 s, ttl 1 s) or ``plain``, POOL ``threads`` (the default) or ``prefork``, CONCURRENCY the pool's
+size (4 threads by default, so a restored copy of a running task starts beside it; one prefork
+child) and BROKER the broker URL when it is not URL (a ``sentinel://`` URL of the master
+``jobpulse``; results stay on URL). The app acks late with Celery's default prefetch multiplier
+(4), ``visibility_timeout=3`` and the restore scan every 1 s, keys prefixed by ``NAMESPACE:`` and
+the queue ``NAMESPACE:q``. Prints ``ready`` once the worker consumes; every task INCRs
 ``NAMESPACE:runs:<task id>`` when it starts, so the tests count executions."""
 
 from __future__ import annotations
@@ -15,24 +17,27 @@ from typing import Any
 
 import redis
 from celery import Celery, signals
-from celery.exceptions import Reject
+from celery.exceptions import Ignore, Reject
 
 import jobpulse
 from jobpulse.integrations.celery import instrument
 
-URL, NAMESPACE, MODE = sys.argv[1:4] if __name__ == "__main__" else ("redis://", "t", "plain")
-POOL = sys.argv[4] if __name__ == "__main__" and len(sys.argv) > 4 else "threads"
+ARGS = sys.argv[1:] if __name__ == "__main__" else ["redis://", "t", "plain"]
+URL, NAMESPACE, MODE = ARGS[:3]
+POOL = ARGS[3] if len(ARGS) > 3 else "threads"
+CONCURRENCY = ARGS[4] if len(ARGS) > 4 else ("4" if POOL == "threads" else "1")
+BROKER = ARGS[5] if len(ARGS) > 5 else URL
 
-app = Celery("jobpulse_test", broker=URL, backend=URL)
+app = Celery("jobpulse_test", broker=BROKER, backend=URL)
 app.conf.update(
-    task_acks_late=True,
-    worker_prefetch_multiplier=1,
+    task_acks_late=True,  # and Celery's default worker_prefetch_multiplier (4)
     task_default_queue=f"{NAMESPACE}:q",
     broker_transport_options={
         "visibility_timeout": 3,
         "unacked_restore_interval": 1,
         "unacked_restore_throttle": 1,
         "global_keyprefix": f"{NAMESPACE}:",
+        **({"master_name": "jobpulse"} if BROKER.startswith("sentinel://") else {}),
     },
     result_backend_transport_options={"global_keyprefix": f"{NAMESPACE}:"},
     broker_connection_retry_on_startup=True,
@@ -103,13 +108,46 @@ def rejecter(self: Any) -> str:
     raise Reject("not for this worker", requeue=False)
 
 
+@app.task(bind=True, name="ignorer")
+def ignorer(self: Any) -> str:
+    """Ends with ``Ignore``: Celery's IGNORED state (no result stored)."""
+    _count(self.request.id)
+    raise Ignore("handled elsewhere")
+
+
+@app.task(bind=True, name="replacer")
+def replacer(self: Any) -> Any:
+    """Replaces itself with ``probe`` (Celery: ``Ignore`` here, the replacement keeps the id)."""
+    _count(self.request.id)
+    return self.replace(probe.s())
+
+
+class SlowReplace(app.Task):  # type: ignore[name-defined,misc]
+    """``task.replace()`` whose run ends 1 s after the replacement was sent: the replacement
+    starts while the run it replaces still holds the job."""
+
+    def on_replace(self, sig: Any) -> Any:
+        try:
+            return super().on_replace(sig)
+        finally:
+            time.sleep(1)
+
+
+@app.task(bind=True, name="slow_replacer", base=SlowReplace)
+def slow_replacer(self: Any) -> Any:
+    """Replaces itself with ``probe``, the replacement starting before this run ends."""
+    _count(self.request.id)
+    return self.replace(probe.s())
+
+
 @signals.worker_ready.connect
 def _ready(**_: Any) -> None:
     print("ready", flush=True)
 
 
 if MODE == "jobpulse":
-    instrument(app, interval=0.25, ttl=1.0, namespace=NAMESPACE)
+    jobpulse_redis = client if BROKER != URL else None  # jobpulse needs redis= beside Sentinel
+    instrument(app, interval=0.25, ttl=1.0, namespace=NAMESPACE, redis=jobpulse_redis)
 
 if __name__ == "__main__":
     app.worker_main(
@@ -119,7 +157,7 @@ if __name__ == "__main__":
             "-P",
             POOL,
             "-c",
-            "4" if POOL == "threads" else "1",
+            CONCURRENCY,
             "-Q",
             f"{NAMESPACE}:q",
             "--loglevel",

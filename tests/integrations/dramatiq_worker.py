@@ -1,5 +1,7 @@
 """A Dramatiq worker process for the tests: ``python -m tests.integrations.dramatiq_worker URL
-NAMESPACE MODE`` where MODE is ``jobpulse`` (instrumented, interval 0.25 s, ttl 1 s) or ``plain``.
+NAMESPACE MODE [results-last]`` where MODE is ``jobpulse`` (instrumented, interval 0.25 s, ttl
+1 s) or ``plain``; the Results middleware is added before ``instrument()``, or after it with
+``results-last``.
 The Redis broker uses the namespace ``NAMESPACE-dq`` with ``heartbeat_timeout=3000`` ms and
 maintenance on every fetch; results go to ``NAMESPACE-res``; two worker threads. Prints ``ready``
 once the worker runs. Every actor INCRs ``NAMESPACE:runs:<message id>`` when it starts."""
@@ -23,14 +25,19 @@ import jobpulse
 from jobpulse.integrations.dramatiq import instrument
 
 URL, NAMESPACE, MODE = sys.argv[1:4]
+RESULTS_LAST = sys.argv[4:5] == ["results-last"]
 
 broker = RedisBroker(
     url=URL, namespace=f"{NAMESPACE}-dq", heartbeat_timeout=3000, maintenance_chance=1_000_000
 )
-broker.add_middleware(Results(backend=RedisBackend(url=URL, namespace=f"{NAMESPACE}-res")))
+results = Results(backend=RedisBackend(url=URL, namespace=f"{NAMESPACE}-res"))
+if not RESULTS_LAST:
+    broker.add_middleware(results)
 broker.add_middleware(CurrentMessage())
 if MODE == "jobpulse":
     instrument(broker, interval=0.25, ttl=1.0, namespace=NAMESPACE)
+if RESULTS_LAST:
+    broker.add_middleware(results)
 dramatiq.set_broker(broker)
 
 

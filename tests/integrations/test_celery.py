@@ -3,21 +3,28 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import pytest
+import redis as redis_sync
 import redis.asyncio as aioredis
 from celery import Celery
 from celery.result import AsyncResult
 
 from jobpulse import JobCancelled, JobState, StatusReader, Sweeper, request_cancel
+from jobpulse._provision import free_port, server_binary
 from jobpulse._worker.arena import NAME_PREFIX
+from tests.integrations.order import final_write_seen, first_line, monitor
 from tests.support import eventually
 
 pytestmark = pytest.mark.usefixtures("queue_keys")
@@ -85,6 +92,19 @@ async def test_progress_is_live_then_completed_and_celery_keeps_its_result(
     assert await _runs(redis, ns, task_id) == 1
 
 
+async def test_jobpulses_final_write_comes_after_celery_stored_the_result(
+    spawn: Spawn, redis_url: str, ns: str, app: Celery
+) -> None:
+    task_id = f"{ns}-1"
+    spawn(WORKER, redis_url, ns, "jobpulse")
+    async with monitor(redis_url) as mon:
+        res = _send(app, "progress", task_id, 4)
+        assert await _result(res, 15) == {"items": 4, "job": task_id}
+        final = await final_write_seen(mon, task_id, "COMPLETED")
+    stored = first_line(mon, "SETEX", f"{ns}:celery-task-meta-{task_id}")
+    assert 0 <= stored < final
+
+
 @pytest.mark.parametrize("mode", ["jobpulse", "plain"])
 async def test_a_live_task_past_visibility_timeout_runs_once_with_jobpulse_only(
     spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery, mode: str
@@ -98,6 +118,108 @@ async def test_a_live_task_past_visibility_timeout_runs_once_with_jobpulse_only(
         assert await _runs(redis, ns, task_id) == 1
     else:
         assert await _runs(redis, ns, task_id) > 1  # restored at +3 s beside the first run
+
+
+@pytest.mark.parametrize("pool", ["threads", "prefork"])
+async def test_prefetched_tasks_waiting_past_visibility_timeout_run_once(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery, pool: str
+) -> None:
+    # One thread or child and Celery's default prefetch multiplier (4): the worker holds all
+    # three deliveries, and the last waits 6 s for the slot, twice visibility_timeout (3 s). A
+    # first version kept only the running task's delivery fresh: the waiting ones were restored
+    # and ran again (the issue's run: one message twice, another three times).
+    spawn(WORKER, redis_url, ns, "jobpulse", pool, "1")
+    results = [_send(app, "sleeper", f"{ns}-{n}", 3) for n in range(3)]
+    for res in results:
+        assert await _result(res, 30) == "slept"
+    await asyncio.sleep(2)  # a restored copy would be delivered and started by now
+    assert [await _runs(redis, ns, f"{ns}-{n}") for n in range(3)] == [1, 1, 1]
+
+
+async def test_a_countdown_past_visibility_timeout_runs_once(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery
+) -> None:
+    # the worker holds the delivery for 6 s (visibility_timeout 3 s) before the task starts
+    spawn(WORKER, redis_url, ns, "jobpulse")
+    res = app.send_task("probe", task_id=f"{ns}-1", countdown=6)
+    assert await _result(res, 20) == "heartbeat"
+    await asyncio.sleep(2)  # a restored copy would be delivered and started by now
+    assert await _runs(redis, ns, f"{ns}-1") == 1
+
+
+async def test_a_killed_workers_prefetched_task_is_restored_once(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery, reader: StatusReader
+) -> None:
+    # Held while the worker lives, handed back once it is dead: the waiting delivery is not
+    # kept fresh by anything after the SIGKILL.
+    first = spawn(WORKER, redis_url, ns, "jobpulse", "threads", "1")
+    res = _send(app, "resumable", f"{ns}-1")
+    waiting = _send(app, "probe", f"{ns}-2")
+    await eventually(lambda: redis.exists(f"{ns}:checkpointed:{ns}-1"), within=10)
+    await asyncio.sleep(4)  # the waiting delivery is past visibility_timeout, still held
+    assert await _runs(redis, ns, f"{ns}-2") == 0
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+
+    spawn(WORKER, redis_url, ns, "jobpulse", "threads", "1")
+    assert await _result(waiting, 15) == "heartbeat"
+    assert await _result(res, 15) == {"resumed_from": {"step": 5}, "attempt": 2}
+    assert [await _runs(redis, ns, f"{ns}-{n}") for n in (1, 2)] == [2, 1]
+
+
+@pytest.fixture
+def sentinel_url(redis_url: str) -> Iterator[str]:
+    """A Redis Sentinel (one, quorum 1) watching the test server as the master ``jobpulse``; its
+    ``sentinel://`` URL."""
+    master = urlsplit(redis_url)
+    directory = Path(tempfile.mkdtemp(prefix="jobpulse-sentinel-"))
+    port = free_port()
+    conf = directory / "sentinel.conf"
+    conf.write_text(
+        f"port {port}\nbind 127.0.0.1\ndir {directory}\n"
+        f"sentinel monitor jobpulse {master.hostname} {master.port} 1\n"
+    )
+    proc = subprocess.Popen(
+        [server_binary(), str(conf), "--sentinel"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        sentinel = redis_sync.Redis(port=port)
+        deadline = time.monotonic() + 10
+        while True:
+            with contextlib.suppress(redis_sync.ConnectionError):
+                if sentinel.execute_command("SENTINEL", "get-master-addr-by-name", "jobpulse"):
+                    break
+            assert time.monotonic() < deadline, "the sentinel did not answer"
+            time.sleep(0.05)
+        sentinel.close()
+        yield f"sentinel://127.0.0.1:{port}"
+    finally:
+        proc.kill()
+        proc.wait()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+async def test_a_live_task_past_visibility_timeout_runs_once_on_a_sentinel_broker(
+    spawn: Spawn, redis_url: str, sentinel_url: str, ns: str, redis: aioredis.Redis
+) -> None:
+    # a first version re-scored only redis://, rediss:// and unix:// brokers: with sentinel://
+    # the task was restored at +3 s beside itself, even with redis= given
+    client = Celery("jobpulse_test_client", broker=sentinel_url, backend=redis_url)
+    client.conf.update(
+        task_default_queue=f"{ns}:q",
+        broker_transport_options={"global_keyprefix": f"{ns}:", "master_name": "jobpulse"},
+        result_backend_transport_options={"global_keyprefix": f"{ns}:"},
+    )
+    try:
+        spawn(WORKER, redis_url, ns, "jobpulse", "threads", "4", sentinel_url)
+        res = _send(client, "sleeper", f"{ns}-1", 6)
+        assert await _result(res, 20) == "slept"
+        await asyncio.sleep(2)  # a restored copy would be delivered and started by now
+        assert await _runs(redis, ns, f"{ns}-1") == 1
+    finally:
+        client.close()
 
 
 async def test_a_killed_workers_task_is_stale_within_ttl_then_resumed_once(
@@ -227,6 +349,39 @@ async def test_a_rejected_task_is_failed_in_jobpulse_not_completed(
     assert final.state is JobState.FAILED
     assert final.error == "Reject: ('not for this worker', False)"
     assert await _runs(redis, ns, task_id) == 1
+
+
+async def test_an_ignored_task_is_failed_in_jobpulse_not_completed(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery, reader: StatusReader
+) -> None:
+    task_id = f"{ns}-1"
+    spawn(WORKER, redis_url, ns, "jobpulse")
+    _send(app, "ignorer", task_id)
+    final = await eventually(lambda: _final(reader, task_id), within=10)
+    assert (final.state, final.error) == (JobState.FAILED, "Ignore: handled elsewhere")
+    assert await _runs(redis, ns, task_id) == 1
+
+
+@pytest.mark.parametrize("task", ["replacer", "slow_replacer"])
+async def test_a_replaced_task_ends_with_its_replacement_as_a_second_run(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    redis: aioredis.Redis,
+    app: Celery,
+    reader: StatusReader,
+    task: str,
+) -> None:
+    # task.replace(): Celery IGNORED for the first body, the replacement runs under the same id.
+    # slow_replacer's replacement starts while the replaced run still holds the job: it waits for
+    # that run's end (a duplicate delivery of a live job would raise JobBusy instead)
+    task_id = f"{ns}-1"
+    spawn(WORKER, redis_url, ns, "jobpulse")
+    res = _send(app, task, task_id)
+    assert await _result(res, 15) == "heartbeat"
+    final = await eventually(lambda: _final(reader, task_id), within=5)
+    assert (final.state, final.attempt, final.kind) == (JobState.COMPLETED, 2, "probe")
+    assert await _runs(redis, ns, task_id) == 2
 
 
 def _gone(pid: int) -> bool:

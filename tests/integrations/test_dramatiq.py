@@ -20,6 +20,7 @@ from dramatiq.results import ResultFailure, ResultMissing, Results
 from dramatiq.results.backends import RedisBackend
 
 from jobpulse import JobState, StatusReader, request_cancel
+from tests.integrations.order import final_write_seen, first_line, monitor
 from tests.support import eventually
 
 pytestmark = pytest.mark.usefixtures("queue_keys")
@@ -98,9 +99,24 @@ async def test_progress_is_live_then_completed_and_dramatiq_keeps_its_result(
     assert (live.kind, live.stage, live.total) == ("progress", "crunch", 40)
 
     assert await client.result(message, 15) == {"items": 40}
-    done = await reader.get(job_id)  # the heartbeat ended before Results stored the result
+    done = await eventually(lambda: _final(reader, job_id), within=5)  # just after Results
     assert (done.state, done.done, done.attempt) == (JobState.COMPLETED, 40, 1)
     assert await _runs(redis, ns, job_id) == 1
+
+
+@pytest.mark.parametrize("results", ["results-first", "results-last"])
+async def test_jobpulses_final_write_comes_after_results_stored_the_result(
+    spawn: Spawn, redis_url: str, ns: str, client: Client, results: str
+) -> None:
+    # Results added before or after instrument(): a first version wrote jobpulse's final state
+    # first when Results was added before it
+    spawn(WORKER, redis_url, ns, "jobpulse", results)
+    async with monitor(redis_url) as mon:
+        message = client.send("progress", 4)
+        assert await client.result(message, 15) == {"items": 4}
+        final = await final_write_seen(mon, message.message_id, "COMPLETED")
+    stored = first_line(mon, "LPUSH", client.backend.build_message_key(message))
+    assert 0 <= stored < final
 
 
 @pytest.mark.parametrize("mode", ["jobpulse", "plain"])
@@ -115,6 +131,19 @@ async def test_a_live_message_past_heartbeat_timeout_runs_once_dramatiqs_own_hea
     message = client.send("sleeper", 6)
     assert await client.result(message, 20) == "slept"
     assert await _runs(redis, ns, message.message_id) == 1
+
+
+async def test_prefetched_messages_waiting_past_heartbeat_timeout_run_once(
+    spawn: Spawn, redis: aioredis.Redis, redis_url: str, ns: str, client: Client
+) -> None:
+    # one worker of two threads and Dramatiq's default prefetch (twice that): two of four 4 s
+    # actors wait 4 s for a thread, past heartbeat_timeout (3 s), with maintenance on every
+    # fetch; the live process keeps them
+    spawn(WORKER, redis_url, ns, "jobpulse")
+    messages = [client.send("sleeper", 4) for _ in range(4)]
+    for message in messages:
+        assert await client.result(message, 20) == "slept"
+    assert [await _runs(redis, ns, m.message_id) for m in messages] == [1, 1, 1, 1]
 
 
 async def test_a_killed_workers_message_is_stale_within_ttl_then_resumed_once(

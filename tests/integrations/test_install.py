@@ -74,6 +74,22 @@ def test_celery_checks_options_at_install_and_connects_once() -> None:
     assert len(signals.task_prerun.receivers) == before + 1
 
 
+@pytest.mark.parametrize(
+    "broker", ["amqp://guest@127.0.0.1:1//", "sentinel://127.0.0.1:1", "memory://", None]
+)
+def test_celery_refuses_a_broker_it_cannot_write_to_at_install(broker: str | None) -> None:
+    # a first version installed, then every task logged "pass redis=" and ran without jobpulse
+    from celery import Celery
+
+    from jobpulse.integrations import celery as jp_celery
+
+    app = Celery("install_test", broker=broker)  # None: Celery's default, amqp
+    with pytest.raises(ValueError, match=r"broker URL is not redis://.*pass redis="):
+        jp_celery.instrument(app)
+    assert getattr(app, "_jobpulse", None) is None
+    assert jp_celery.instrument(app, redis=object()) is app
+
+
 def test_rq_worker_class_checks_options_and_subclasses_the_base() -> None:
     from rq.worker import SimpleWorker, Worker
 
@@ -100,3 +116,8 @@ def test_dramatiq_checks_options_and_adds_one_middleware() -> None:
     assert [m for m in broker.middleware if isinstance(m, jp_dramatiq.JobpulseMiddleware)] == [
         first
     ]
+    # the heartbeat is entered last of the before hooks, and left last of the after hooks
+    assert broker.middleware[-1] is first
+    finals = [m for m in broker.middleware if isinstance(m, jp_dramatiq._FinalWrite)]
+    assert finals == [broker.middleware[0]]
+    assert finals[0].pulse is first

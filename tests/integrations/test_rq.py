@@ -3,6 +3,7 @@ Redis."""
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -18,9 +19,11 @@ from rq import Queue, Retry
 from rq.command import send_stop_job_command
 from rq.job import Job, JobStatus
 from rq.registry import FailedJobRegistry, StartedJobRegistry
+from rq.worker import Worker
 
 from jobpulse import JobCancelled, JobState, StatusReader, Sweeper, request_cancel
 from jobpulse._worker.arena import NAME_PREFIX
+from tests.integrations.order import final_write_seen, first_line, monitor
 from tests.support import eventually
 
 pytestmark = pytest.mark.usefixtures("queue_keys")
@@ -94,7 +97,7 @@ async def test_progress_is_live_then_completed_and_rq_keeps_its_result(
     await eventually(_status(job), within=15)
     assert job.get_status() is JobStatus.FINISHED
     assert job.return_value() == {"items": 40}
-    done = await reader.get(job_id)  # the heartbeat ended before RQ recorded the result
+    done = await eventually(lambda: _final(reader, job_id), within=5)  # just after RQ's record
     assert (done.state, done.done, done.attempt) == (JobState.COMPLETED, 40, 1)
     assert await _count(redis, ns, "runs", job_id) == 1
 
@@ -118,6 +121,42 @@ async def test_a_live_job_past_the_registry_ttl_runs_once_with_jobpulse_only(
             return await _count(redis, ns, "runs", job_id) > 1
 
         await eventually(run_again, within=10)  # abandoned at +3 s and retried beside the first
+
+
+async def test_jobpulses_final_write_comes_after_rq_stored_the_result(
+    spawn: Spawn, redis_url: str, ns: str, queue: Queue
+) -> None:
+    # a first version ended the heartbeat around job.perform(), before RQ recorded the result
+    job_id = f"{ns}-1"
+    spawn(WORKER, redis_url, ns, "jobpulse")
+    async with monitor(redis_url) as mon:
+        job = _enqueue(queue, job_id, "progress", ns, 4)
+        await eventually(_status(job), within=15)
+        final = await final_write_seen(mon, job_id, "COMPLETED")
+    stored = first_line(mon, "XADD", f"rq:results:{job_id}")
+    assert 0 <= stored < final
+
+
+async def test_a_busy_worker_stays_in_rqs_worker_registry(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, queue: Queue
+) -> None:
+    # RQ's default job_monitoring_interval (30 s), maintenance every 1 s by the idle second worker.
+    # A first version gave the worker's own key the 3 s registry TTL: it expired a few seconds
+    # into the job, maintenance dropped the worker from rq:workers and nothing added it back.
+    job_id = f"{ns}-1"
+    spawn(WORKER, redis_url, ns, "jobpulse")
+    spawn(WORKER, redis_url, ns, "jobpulse")
+    job = _enqueue(queue, job_id, "sleeper", ns, 8)
+    await eventually(lambda: redis.lindex(f"{ns}:pids:{job_id}", 0), within=10)
+    await asyncio.sleep(5)  # past the 3 s TTL, several maintenance runs later
+    busy = Job.fetch(job_id, connection=queue.connection).worker_name
+    workers = {w.name: w for w in Worker.all(queue=queue)}
+    assert len(workers) == 2
+    assert busy in workers
+    assert workers[busy].get_state() == "busy"
+    await eventually(_status(job), within=15)
+    assert job.get_status() is JobStatus.FINISHED
+    assert len(Worker.all(queue=queue)) == 2
 
 
 @pytest.mark.parametrize("mode", ["jobpulse", "plain"])
@@ -194,7 +233,29 @@ async def test_request_cancel_fails_the_job_in_rq_with_job_cancelled(
     result = job.latest_result()
     assert result is not None
     assert JobCancelled.__name__ in str(result.exc_string)
-    assert (await reader.get(job_id)).state is JobState.CANCELLED
+    final = await eventually(lambda: _final(reader, job_id), within=5)  # just after RQ's record
+    assert final.state is JobState.CANCELLED
+    assert await _count(redis, ns, "runs", job_id) == 1
+
+
+async def test_a_job_returning_after_a_cancel_request_is_finished_in_rq_cancelled_in_jobpulse(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, queue: Queue, reader: StatusReader
+) -> None:
+    # progress() never calls check(): it returns its result; RQ records it before jobpulse's end
+    job_id = f"{ns}-1"
+    spawn(WORKER, redis_url, ns, "jobpulse")
+    job = _enqueue(queue, job_id, "progress", ns, 100)
+
+    async def running() -> bool:
+        return (await reader.get(job_id)).state is JobState.RUNNING
+
+    await eventually(running, within=10)
+    assert await request_cancel(redis, job_id, namespace=ns)
+    await eventually(_status(job), within=15)
+    assert job.get_status() is JobStatus.FINISHED
+    assert job.return_value() == {"items": 100}
+    final = await eventually(lambda: _final(reader, job_id), within=5)
+    assert final.state is JobState.CANCELLED
     assert await _count(redis, ns, "runs", job_id) == 1
 
 

@@ -134,6 +134,7 @@ def acquire_steps(m: BeatMachine[Any], clock: Callable[[], float], warn: Warn) -
     give_up = sent_at + m.cfg.ttl
     enrolled = False
     delays = ACQUIRE_RETRY.delays()
+    cause: BaseException | None = None  # the fault the message names
     while True:
         try:
             deadline_ms = yield Send(m.enroll_call(), give_up - clock())
@@ -143,9 +144,13 @@ def acquire_steps(m: BeatMachine[Any], clock: Callable[[], float], warn: Warn) -
         except Exception as exc:
             if not is_redis_fault(exc):
                 raise
+            # The last try is bounded by the time left: its own expiry (a bare TimeoutError)
+            # says nothing of why, so the message keeps the Redis fault retried before it.
+            if cause is None or type(exc) is not TimeoutError:
+                cause = exc
             delay = next(delays)
             if clock() + delay >= give_up:
-                raise TimeoutError(m.acquire_timeout_text(enrolled, exc)) from exc
+                raise TimeoutError(m.acquire_timeout_text(enrolled, cause)) from exc
             yield Sleep(delay)
     m.acquired(reply, sent_at)
     # The per-kind index (docs/protocol.md), scored by this attempt's start: best effort, like

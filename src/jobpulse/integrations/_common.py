@@ -58,7 +58,7 @@ from .._worker.heartbeat import JobHeartbeat, heartbeat
 from .._worker.retry import retry_after
 from .._worker.sync_heartbeat import SyncHeartbeat
 from .._worker.sync_heartbeat import heartbeat as sync_heartbeat
-from ..errors import JobBusy
+from ..errors import JobBusy, JobCancelled
 
 __all__ = [
     "WRAPPED",
@@ -71,6 +71,7 @@ __all__ = [
     "keep_claim",
     "keep_claim_sync",
     "kind_for",
+    "leave_recorded",
     "pulse",
     "pulse_sync",
     "refresh_delays",
@@ -310,7 +311,9 @@ async def pulse(
             ttl=options.ttl,
             namespace=options.namespace,
             kind=kind_for(task_name),
+            sidecar=False,  # the integrations' use of the sidecar: a follow-up (issue 29)
         )
+        assert isinstance(hb, JobHeartbeat)
         try:
             await hb.__aenter__()
         except JobBusy:
@@ -458,7 +461,9 @@ def pulse_sync(
             ttl=options.ttl,
             namespace=options.namespace,
             kind=kind_for(task_name),
+            sidecar=False,  # the integrations' use of the sidecar: a follow-up (issue 29)
         )
+        assert isinstance(hb, SyncHeartbeat)
         try:
             hb.__enter__()
         except JobBusy:
@@ -488,6 +493,29 @@ def pulse_sync(
         raise
     else:
         hb.__exit__(None, None, None)
+
+
+def leave_recorded(stack: contextlib.ExitStack, exc: BaseException | None, job_id: str) -> None:
+    """Leave a task's heartbeat (entered on ``stack``, or nothing) as its body ended (``exc``),
+    once the queue has recorded the task: the sync queues' final write comes last.
+
+    What the heartbeat raises now changes nothing in the queue's record, so it is logged, not
+    raised into the queue's machinery: ``JobCancelled`` (a body that returned after a cancel
+    request, recorded CANCELLED) at INFO, anything else (``LeaseLost``, ``StateNotWritten``) at
+    WARNING. The body's own exception, which the heartbeat does not suppress, is the queue's.
+    """
+    try:
+        if exc is None:
+            stack.__exit__(None, None, None)
+        else:
+            stack.__exit__(type(exc), exc, exc.__traceback__)
+    except Exception as raised:
+        if raised is exc:
+            return
+        level = logging.INFO if isinstance(raised, JobCancelled) else logging.WARNING
+        log.log(
+            level, "job %s: %r (jobpulse recorded it; the queue's record stands)", job_id, raised
+        )
 
 
 def _holder_sync(reader: SyncStatusReader, job_id: str) -> HolderView | None:

@@ -9,10 +9,14 @@ Install it on the broker (``pip install "jobpulse[dramatiq]"``)::
     instrument(broker)
     dramatiq.set_broker(broker)
 
-``instrument`` adds a :class:`JobpulseMiddleware` (last, so its ``after_process_message`` runs
-before the Retries middleware's). Each message then runs inside
-``jobpulse.sync.heartbeat(redis, job_id_for(message.message_id), kind=message.actor_name)`` in
-the worker thread that runs the actor (``jobpulse.current()`` is that heartbeat there).
+``instrument`` adds a :class:`JobpulseMiddleware` last (its ``before_process_message`` enters
+the heartbeat after every other middleware's; its ``after_process_message`` marks a cancelled
+message not to be retried before the Retries middleware's runs) and a companion first (its
+``after_process_message`` runs last and leaves the heartbeat: jobpulse's final write comes after
+Retries decided and Results stored the return value, wherever Results was added). Each message
+then runs inside ``jobpulse.sync.heartbeat(redis, job_id_for(message.message_id),
+kind=message.actor_name)`` in the worker thread that runs the actor (``jobpulse.current()`` is
+that heartbeat there).
 
 Redelivery: the Redis broker keeps one heartbeat per worker process (``__heartbeats__``, written
 by every fetch of its consumer threads, which keep polling while actors run and during a graceful
@@ -36,13 +40,19 @@ from typing import Any
 from dramatiq import Broker, Middleware
 
 from ..errors import JobCancelled
-from ._common import PulseOptions, pulse_sync
+from ._common import PulseOptions, leave_recorded, pulse_sync
 
 __all__ = ["JobpulseMiddleware", "instrument"]
 
 
 class JobpulseMiddleware(Middleware):
     """Runs every message under a ``jobpulse.sync`` heartbeat (see :func:`instrument`).
+
+    Installed by :func:`instrument`, it enters the heartbeat last of the broker's
+    ``before_process_message`` hooks, and a companion middleware it puts first in the list
+    leaves it last of the ``after_process_message`` hooks: jobpulse's final write comes after
+    Retries decided and Results stored the return value. Added on its own, it leaves the
+    heartbeat in its own ``after_process_message``.
 
     Args:
         options: the heartbeat options.
@@ -53,6 +63,7 @@ class JobpulseMiddleware(Middleware):
         # keyed by (message id, thread): a message's before and after hooks run in one thread
         self._running: dict[tuple[str, int], contextlib.ExitStack] = {}
         self._lock = threading.Lock()
+        self._ends_last = False  # a _FinalWrite middleware, first in the list, leaves heartbeats
 
     def before_process_message(self, broker: Broker, message: Any) -> None:
         """Enter the message's heartbeat in the worker thread that runs it."""
@@ -74,27 +85,50 @@ class JobpulseMiddleware(Middleware):
         result: Any = None,
         exception: BaseException | None = None,
     ) -> None:
-        """Leave the heartbeat: COMPLETED, FAILED or CANCELLED as the actor ended."""
-        with self._lock:
-            stack = self._running.pop((message.message_id, threading.get_ident()), None)
-        if stack is None:
-            return
-        if exception is None:
-            stack.__exit__(None, None, None)
-            return
+        """A cancelled message is not retried; the heartbeat ends here unless a companion ends it
+        after the other middleware."""
         if isinstance(exception, JobCancelled):
-            # cancelled on request: no retry (the Retries middleware honours ``throws``)
+            # cancelled on request: no retry (the Retries middleware, whose hook runs after this
+            # one, honours ``throws``)
             throws = message.options.get("throws") or ()
             throws = throws if isinstance(throws, tuple) else (throws,)
             message.options["throws"] = (JobCancelled, *throws)
-        stack.__exit__(type(exception), exception, exception.__traceback__)
+        if not self._ends_last:
+            self._end(message, exception)
 
     def after_skip_message(self, broker: Broker, message: Any) -> None:
         """A skipped message ends its heartbeat COMPLETED (Dramatiq did not run it to fail)."""
+        if not self._ends_last:
+            self._end(message, None)
+
+    def _end(self, message: Any, exception: BaseException | None) -> None:
+        """Leave the message's heartbeat: COMPLETED, FAILED or CANCELLED as the actor ended."""
         with self._lock:
             stack = self._running.pop((message.message_id, threading.get_ident()), None)
         if stack is not None:
-            stack.__exit__(None, None, None)
+            leave_recorded(stack, exception, message.message_id)
+
+
+class _FinalWrite(Middleware):
+    """First in the broker's list, so its ``after_*`` hooks run last: it leaves the heartbeats of
+    a :class:`JobpulseMiddleware` once every other middleware handled the message."""
+
+    def __init__(self, pulse: JobpulseMiddleware) -> None:
+        self.pulse = pulse
+        pulse._ends_last = True
+
+    def after_process_message(
+        self,
+        broker: Broker,
+        message: Any,
+        *,
+        result: Any = None,
+        exception: BaseException | None = None,
+    ) -> None:
+        self.pulse._end(message, exception)
+
+    def after_skip_message(self, broker: Broker, message: Any) -> None:
+        self.pulse._end(message, None)
 
 
 def instrument(
@@ -133,4 +167,6 @@ def instrument(
         )
     middleware = JobpulseMiddleware(options)
     broker.add_middleware(middleware)
+    # first of all: its after hooks run last, wherever Results and the others were added
+    broker.add_middleware(_FinalWrite(middleware), before=type(broker.middleware[0]))
     return middleware

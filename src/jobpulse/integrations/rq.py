@@ -7,12 +7,13 @@ Install it as the worker class (``pip install "jobpulse[rq]"``)::
 
     JobpulseWorker = worker_class(ttl=6.0)
 
-    # shell: rq worker -w myapp.worker.JobpulseWorker --maintenance-interval 10 reports
+    # shell: rq worker -w myapp.worker.JobpulseWorker --maintenance-interval 10 \
+    #            --worker-ttl 25 reports
 
 Each job then runs inside ``jobpulse.sync.heartbeat(connection, job_id_for(job.id),
 kind=job.func_name)``, entered in the process that runs the job (the forked work horse;
-``jobpulse.current()`` is that heartbeat there) around ``job.perform()``, so the heartbeat ends
-before RQ records the result.
+``jobpulse.current()`` is that heartbeat there) when ``job.perform()`` starts, and left once RQ
+recorded the job: jobpulse's final write comes after RQ's result.
 
 Claim: RQ takes a job as abandoned once its StartedJobRegistry entry expires (the worker's main
 process refreshes it every ``job_monitoring_interval``, with a TTL of that plus 60 s); the next
@@ -20,6 +21,8 @@ maintenance run (every ``maintenance_interval``, 10 min by default) of any worke
 it (``retries_left``) or fails it with ``AbandonedJobError``. With this worker class the entry's
 TTL is ``ceil(ttl + interval) + 1`` seconds and the heartbeat refreshes it every ``interval`` from
 the work horse while it holds the lease, so a dead job is abandoned seconds after its horse died.
+The worker's own key keeps RQ's ``job_monitoring_interval + 60`` seconds while a job runs, so a
+busy worker stays in RQ's worker registry.
 
 Owner death: the work horse holds the heartbeat, and it belongs to the worker's main process.
 When the main process dies (SIGKILL), the horse notices within ``interval`` (its parent changed)
@@ -33,6 +36,7 @@ Cancel: ``jobpulse.request_cancel()`` reaches the job through ``current().check(
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from typing import Any
@@ -40,7 +44,7 @@ from typing import Any
 from rq.job import Job
 from rq.worker import Worker
 
-from ._common import PulseOptions, pulse_sync
+from ._common import PulseOptions, leave_recorded, pulse_sync
 
 __all__ = ["worker_class"]
 
@@ -79,10 +83,21 @@ def worker_class(
         def get_heartbeat_ttl(self, job: Job, working_time: float = 0.0) -> int:
             return claim
 
+        def heartbeat(self, timeout: int | None = None, pipeline: Any = None) -> None:
+            # RQ also gives get_heartbeat_ttl() (the claim, seconds) to the worker's own key when
+            # a job starts, and refreshes that key only every job_monitoring_interval: it would
+            # expire mid-job and maintenance would drop the worker from rq:workers for good.
+            # The worker's key keeps at least what RQ gives it while a job runs.
+            if timeout is not None:
+                timeout = max(timeout, self.job_monitoring_interval + 60)
+            super().heartbeat(timeout, pipeline=pipeline)
+
         def perform_job(self, job: Job, queue: Any, execution: Any) -> bool:
             perform = job.perform
             parent = os.getppid() if getattr(self, "_is_horse", False) else None
             connection = self.connection
+            held = contextlib.ExitStack()  # the job's heartbeat, from the body's start
+            ended: list[BaseException | None] = []  # how the body ended
 
             def orphaned() -> None:
                 if parent is not None and os.getppid() != parent:
@@ -95,10 +110,22 @@ def worker_class(
 
             def run() -> Any:
                 name = job.func_name or ""
-                with pulse_sync(options, connection, job.id, name, refresh, watch=orphaned):
-                    return perform()
+                held.enter_context(
+                    pulse_sync(options, connection, job.id, name, refresh, watch=orphaned)
+                )
+                try:
+                    value = perform()
+                except BaseException as exc:
+                    ended.append(exc)
+                    raise
+                ended.append(None)
+                return value
 
             job.perform = run  # type: ignore[method-assign]
-            return bool(super().perform_job(job, queue, execution))
+            try:
+                return bool(super().perform_job(job, queue, execution))
+            finally:
+                # after RQ recorded the job's result or failure: jobpulse's final write is last
+                leave_recorded(held, ended[0] if ended else None, job.id)
 
     return JobpulseWorker
