@@ -3,7 +3,8 @@
 Each prints ``ready`` once it runs and appends its operations to its own history file
 (:mod:`tests.nemesis.history`) until the harness kills it. Roles:
 
-* ``async-worker`` / ``sync-worker``: one job after another (ids ``<proc>-<n>``, unique), each
+* ``async-worker`` / ``sync-worker``: one job after another (beats from the worker itself, or
+  from jobpulse's sidecar helper process with ``sidecar``) (ids ``<proc>-<n>``, unique), each
   ``steps`` of 0.1 s with a checkpoint ``{"n": step}`` every 5 steps, under
   :func:`jobpulse.heartbeat` (beats on the event loop) or :func:`jobpulse.sync.heartbeat` (beats
   on its thread). SIGUSR1 makes the body hold the GIL for ``gil`` seconds (one C call).
@@ -61,14 +62,23 @@ def _steps(cfg: dict[str, Any], n: int) -> int:
 
 async def async_worker(cfg: dict[str, Any], hist: History) -> None:
     client = aioredis.Redis.from_url(cfg["url"])
-    opts = {"namespace": cfg["ns"], "ttl": cfg["ttl"], "interval": cfg["interval"]}
+    opts = {"namespace": cfg["ns"], "ttl": cfg["ttl"], "interval": cfg["interval"],
+            "sidecar": cfg["sidecar"]}  # fmt: skip
     print("ready", flush=True)
     for n in range(1, 1_000_000):
         job, fence, t0 = f"{cfg['proc']}-{n}", None, time.monotonic()
         try:
             async with heartbeat(client, job, **opts) as hb:
                 fence = hb.fence
-                hist.add("acquire", job=job, fence=fence, attempt=hb.attempt, shell="async", t0=t0)
+                hist.add(
+                    "acquire",
+                    job=job,
+                    fence=fence,
+                    attempt=hb.attempt,
+                    shell="async",
+                    sidecar=cfg["sidecar"],
+                    t0=t0,
+                )
                 for k in range(1, _steps(cfg, n) + 1):
                     await asyncio.sleep(STEP)
                     hb.progress.advance()
@@ -89,14 +99,23 @@ def sync_worker(cfg: dict[str, Any], hist: History) -> None:
     # A blocking pipeline is bounded by the client's socket_timeout only: keep it below ttl, as
     # docs/sync.md says (without it a connection that never answers stops the beat thread).
     client = redis.Redis.from_url(cfg["url"], socket_timeout=cfg["ttl"] / 3)
-    opts = {"namespace": cfg["ns"], "ttl": cfg["ttl"], "interval": cfg["interval"]}
+    opts = {"namespace": cfg["ns"], "ttl": cfg["ttl"], "interval": cfg["interval"],
+            "sidecar": cfg["sidecar"]}  # fmt: skip
     print("ready", flush=True)
     for n in range(1, 1_000_000):
         job, fence, t0 = f"{cfg['proc']}-{n}", None, time.monotonic()
         try:
             with jobpulse.sync.heartbeat(client, job, **opts) as hb:
                 fence = hb.fence
-                hist.add("acquire", job=job, fence=fence, attempt=hb.attempt, shell="sync", t0=t0)
+                hist.add(
+                    "acquire",
+                    job=job,
+                    fence=fence,
+                    attempt=hb.attempt,
+                    shell="sync",
+                    sidecar=cfg["sidecar"],
+                    t0=t0,
+                )
                 for k in range(1, _steps(cfg, n) + 1):
                     time.sleep(STEP)
                     hb.check()

@@ -20,7 +20,10 @@ from .history import Record
 TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "LOST"})
 # Faults that may make a live worker's job read STALE: on the worker's process (target = its
 # pid) or on Redis / the network of every worker (target "redis" / "net").
-EXCUSE_STALE = frozenset({"stop", "gil", "blackhole", "restart", "rollback", "sleep"})
+# A GIL hold excuses nothing for a job beaten by the sidecar helper (it beats from its own process);
+# a killed helper leaves its owner alive, its job unbeaten until the owner learns it.
+EXCUSE_STALE = frozenset({"stop", "gil", "blackhole", "restart", "rollback", "sleep",
+                          "sidecar_kill"})  # fmt: skip
 DATA_LOSS = frozenset({"restart", "rollback"})
 
 RULES = (
@@ -105,12 +108,13 @@ class _Index:
             self.done.setdefault((r["job"], r["fence"]), r)
 
     # -- helpers
-    def _excused(self, pid: int, lo: float, hi: float) -> bool:
+    def _excused(self, pid: int, lo: float, hi: float, *, sidecar: bool = False) -> bool:
         """A fault of EXCUSE_STALE on ``pid`` or on every worker overlaps [lo, hi], stretched
-        by ttl + grace after its end."""
+        by ttl + grace after its end (a GIL hold not for a job the sidecar beats)."""
         reach = self.lim.ttl + self.lim.grace
         for kind, target, start, end in self.windows:
             mine = kind in EXCUSE_STALE and target in (pid, "redis", "net")
+            mine = mine and not (sidecar and kind == "gil")
             if mine and start <= hi and lo <= end + reach:
                 return True
         return False
@@ -143,7 +147,8 @@ class _Index:
             done = self.done.get((r["job"], r["fence"]))
             if done is not None and done["t"] <= r["t0"]:
                 continue
-            if self._excused(pid, r["t0"] - self.lim.cache_ttl, r["t"]):
+            lo = r["t0"] - self.lim.cache_ttl
+            if self._excused(pid, lo, r["t"], sidecar=bool(acq.get("sidecar"))):
                 continue
             seen.add((r["job"], r["fence"]))
             yield Violation("live-never-stale",

@@ -42,9 +42,13 @@ INTERVAL = 0.5
 KINDS: tuple[tuple[str, int], ...] = (
     ("kill", 4), ("kill_sweeper", 1), ("stop_short", 2), ("stop_long", 2), ("gil", 2),
     ("restart", 1), ("rollback", 1), ("latency", 2), ("cut", 2), ("lost_reply", 2),
-    ("blackhole", 1), ("sleep", 1),
+    ("blackhole", 1), ("sleep", 1), ("kill_sidecar", 2),
 )  # fmt: skip
-WORKERS = ("async-worker", "async-worker", "sync-worker", "sync-worker")
+# (role, sidecar): beats on the event loop, from the sidecar helper, from the sync shell's
+# thread, from the sidecar helper
+WORKERS = (("async-worker", False), ("async-worker", True), ("sync-worker", False),
+           ("sync-worker", True))  # fmt: skip
+SIDECARS = [i for i, (_, sidecar) in enumerate(WORKERS) if sidecar]
 SWEEPERS = 2
 REDELIVER_AFTER = 3.0  # the sweepers' (default 60 s): a claim left unacknowledged comes back
 GIL_HOLD = 2.5 * TTL  # a worker's body holds the GIL this long on SIGUSR1
@@ -74,6 +78,8 @@ def schedule(seed: int, seconds: float) -> list[dict[str, Any]]:
             "sleep": rng.uniform(0.5, 1.5 * TTL),
         }.get(kind, 0.0)
         slot = rng.randrange(SWEEPERS if kind == "kill_sweeper" else len(WORKERS))
+        if kind == "kill_sidecar":
+            slot = SIDECARS[slot % len(SIDECARS)]
         if at + seconds_ > seconds - settle:
             return out
         out.append({"at": round(at, 3), "kind": kind, "slot": slot, "seconds": round(seconds_, 3)})
@@ -86,11 +92,25 @@ def settle_time() -> float:
     return 2 * TTL + LIMITS.claim_within + REDELIVER_AFTER
 
 
+def _sidecar_of(pid: int) -> int | None:
+    """The pid of the sidecar helper process of worker ``pid`` (a child), if it runs."""
+    try:
+        children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    except OSError:
+        return None
+    for child in map(int, children):
+        with contextlib.suppress(OSError):
+            if b"sidecar" in Path(f"/proc/{child}/cmdline").read_bytes():
+                return child
+    return None
+
+
 @dataclass
 class _Actor:
     role: str
     name: str
     url: str
+    sidecar: bool = False
     generation: int = 0
     proc: subprocess.Popen[str] | None = None
 
@@ -114,7 +134,8 @@ class Harness:
         actor.generation += 1
         cfg = {"dir": str(self.dir), "proc": f"{actor.name}.{actor.generation}",
                "url": actor.url, "ns": NS, "ttl": TTL, "interval": INTERVAL, "seed": self.seed,
-               "gil": GIL_HOLD, "redeliver_after": REDELIVER_AFTER}  # fmt: skip
+               "gil": GIL_HOLD, "redeliver_after": REDELIVER_AFTER,
+               "sidecar": actor.sidecar}  # fmt: skip
         proc = subprocess.Popen(
             [sys.executable, "-m", "tests.nemesis.actors", actor.role, json.dumps(cfg)],
             cwd=ROOT, stdout=subprocess.PIPE, text=True,
@@ -140,8 +161,8 @@ class Harness:
         self.server.start()
         self.proxy = FaultProxy(self.server.port).start()
         try:
-            for i, role in enumerate(WORKERS):
-                self.actors.append(_Actor(role, f"worker-{i}", self.proxy.url))
+            for i, (role, sidecar) in enumerate(WORKERS):
+                self.actors.append(_Actor(role, f"worker-{i}", self.proxy.url, sidecar))
             for i in range(SWEEPERS):
                 self.actors.append(_Actor("sweeper", f"sweeper-{i}", self.server.url))
             self.actors.append(_Actor("async-reader", "reader-0", self.server.url))
@@ -188,6 +209,11 @@ class Harness:
 
         if kind == "kill":
             self._kill(worker)
+        elif kind == "kill_sidecar":
+            helper = _sidecar_of(pid)
+            if helper is not None:  # else between two jobs, no helper to kill
+                os.kill(helper, signal.SIGKILL)
+                record("sidecar_kill", pid)
         elif kind == "kill_sweeper":
             self._kill([a for a in self.actors if a.role == "sweeper"][fault["slot"]])
         elif kind in ("stop_short", "stop_long"):

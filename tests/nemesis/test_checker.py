@@ -183,3 +183,11 @@ def test_a_terminal_read_served_from_the_cache_after_a_data_loss_is_no_final_sta
     )
     # without the loss the UNKNOWN read breaks the rule
     assert rules_of([*clean(), read(6.0, "UNKNOWN", 0, 0)]) == ["final-never-overwritten"]
+
+
+def test_a_gil_hold_excuses_no_stale_verdict_for_a_job_the_sidecar_beats() -> None:
+    h = [dict(r, sidecar=True) if r["op"] == "acquire" else r for r in clean()]
+    gil = fault("gil", W, 1.2, 1.4)
+    assert rules_of([*h, *BROKEN["live-never-stale"], gil]) == ["live-never-stale"]
+    killed = fault("sidecar_kill", W, 1.2, 1.2)  # its helper killed: unbeaten until it learns
+    assert rules_of([*h, *BROKEN["live-never-stale"], killed]) == []
