@@ -128,6 +128,7 @@ class Harness:
         self.hist = History(self.dir, "harness-0")
         self.actors: list[_Actor] = []
         self.injected = 0
+        self.skipped = 0  # scheduled but found nothing to hit (a sidecar kill between jobs)
 
     # -- processes
     def _spawn(self, actor: _Actor) -> None:
@@ -211,7 +212,9 @@ class Harness:
             self._kill(worker)
         elif kind == "kill_sidecar":
             helper = _sidecar_of(pid)
-            if helper is not None:  # else between two jobs, no helper to kill
+            if helper is None:  # between two jobs: no helper to kill
+                self.skipped += 1
+            else:
                 os.kill(helper, signal.SIGKILL)
                 record("sidecar_kill", pid)
         elif kind == "kill_sweeper":
@@ -300,7 +303,7 @@ def run(seed: int, seconds: float, keep: str | None = None) -> tuple[list[Violat
     by_kind = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
     lines = [f"seed {seed}: {seconds:.0f} s, history in {directory}",
              f"  operations checked: {ops} ({by_op})",
-             f"  faults injected: {h.injected} ({by_kind})",
+             f"  faults injected: {h.injected - h.skipped} of {h.injected} scheduled ({by_kind})",
              f"  violations: {len(violations)}"]  # fmt: skip
     by_rule: dict[str, list[Violation]] = {}
     for v in violations:
