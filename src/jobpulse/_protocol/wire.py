@@ -22,6 +22,8 @@ its own lock).
 
 from __future__ import annotations
 
+import asyncio
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -130,10 +132,26 @@ def fast_client(client: Any) -> bool:
 
 async def _send(conn: Any, packed: bytes, count: int) -> list[Any]:
     await conn.send_packed_command([packed])
+    bound = conn.socket_timeout
+    if not bound or count == 1:
+        return await _read(conn, count, None)
+    # One time bound for all the replies (redis-py would arm and cancel one per reply): a
+    # reply late past the socket timeout fails as redis-py's would (the connection closed,
+    # redis-py's TimeoutError, which the connection's Retry retries).
+    try:
+        async with asyncio.timeout(bound):
+            return await _read(conn, count, math.inf)
+    except TimeoutError:
+        raise redis.exceptions.TimeoutError("Timeout reading the replies of a write") from None
+
+
+async def _read(conn: Any, count: int, bound: float | None) -> list[Any]:
+    """``count`` replies; each read bounded by ``bound`` (None: the socket timeout; inf:
+    none)."""
     replies: list[Any] = []
     for _ in range(count):
         try:
-            replies.append(await conn.read_response())
+            replies.append(await conn.read_response(timeout=bound))
         except ResponseError as exc:  # an error reply: keep reading the others
             replies.append(exc)
     return replies
