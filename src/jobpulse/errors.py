@@ -53,6 +53,9 @@ class LeaseLostCause(enum.Enum):
     """The job's fence moved past ours: a sweeper claimed the job, or a newer attempt started."""
     EXPIRED = "expired"
     """No renewal succeeded within ``ttl`` by the worker's monotonic clock (Redis unreachable)."""
+    SIDECAR_DIED = "sidecar helper died"
+    """The helper process that beat the job (``sidecar=True``) died: nobody beats the job any
+    more, it goes STALE within ``ttl`` and a sweeper records it LOST."""
 
 
 class LeaseLost(JobpulseError):

@@ -64,7 +64,7 @@ async def test_instruments_report_jobs_by_kind_and_the_worker_counters(
         assert jobs == {("RUNNING", "report"): 2, ("STALE", "report"): 0}
         assert got["jobpulse.worker.beats"][0][1] > 0
         assert {a["cause"] for a, _ in got["jobpulse.worker.lease_losses"]} == {
-            "expired", "taken_over", "fenced_out",
+            "expired", "taken_over", "fenced_out", "sidecar_died",
         }  # fmt: skip
         ages = {a["quantile"] for a, _ in got["jobpulse.job.heartbeat_age"]}
         assert ages == {"0.5", "0.9", "0.99", "1"}

@@ -3,6 +3,7 @@ as the asyncio shell, one beat thread per client, and the sync reader."""
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import signal
 import threading
@@ -22,7 +23,7 @@ from jobpulse._protocol.keys import KeySchema
 from jobpulse.sync import StatusReader, heartbeat
 
 from ..support import spawn_ready, stop
-from . import work
+from . import sidecar_clients, work
 
 
 @pytest.fixture
@@ -163,7 +164,9 @@ def test_many_jobs_share_one_beat_thread(sync_client: redis.Redis, ns: str) -> N
         try:
             hbs = []
             for i in range(first, min(first + per, jobs)):
-                hb = heartbeat(sync_client, f"m{i}", namespace=ns, interval=1.0, ttl=6.0)
+                hb = heartbeat(
+                    sync_client, f"m{i}", namespace=ns, interval=1.0, ttl=6.0, sidecar=False
+                )
                 hbs.append(hb.__enter__())
             started.wait()
             release.wait()
@@ -271,7 +274,9 @@ def test_sync_shell_and_reader_on_a_cluster(redis_cluster: Any, ns: str) -> None
     client = redis.cluster.RedisCluster.from_url(redis_cluster.url, socket_timeout=2.0)
     reader = StatusReader(client, namespace=ns, cache_ttl=0.0)
     try:
-        with heartbeat(client, "clustered", namespace=ns, interval=0.05, ttl=1.0, total=2) as hb:
+        with heartbeat(
+            client, "clustered", namespace=ns, interval=0.05, ttl=1.0, total=2, sidecar=False
+        ) as hb:
             hb.set_stage("spread")
             assert hb.checkpoint(at=1) is True
             hb.progress.advance(2)
@@ -279,7 +284,13 @@ def test_sync_shell_and_reader_on_a_cluster(redis_cluster: Any, ns: str) -> None
         assert jobpulse.sync.request_cancel(client, "clustered", namespace=ns) is False
         with (
             pytest.raises(JobCancelled),
-            heartbeat(client, "c2", namespace=ns, interval=0.05) as c2,
+            heartbeat(  # beaten by the sidecar: its Cluster client comes from a factory
+                client,
+                "c2",
+                namespace=ns,
+                interval=0.05,
+                client_factory=functools.partial(sidecar_clients.cluster, redis_cluster.url),
+            ) as c2,
         ):
             assert jobpulse.sync.request_cancel(client, "c2", namespace=ns) is True
             while not c2.cancelled:

@@ -34,7 +34,10 @@ def test_the_checked_config_takes_its_fields_from_the_spec_with_the_same_default
 @pytest.mark.parametrize("factory", [jobpulse.heartbeat, jobpulse.sync.heartbeat])
 def test_both_factories_take_the_declared_options(factory: typing.Any) -> None:
     parameters = inspect.signature(factory).parameters
-    assert list(parameters) == ["redis", "job_id", "options"]
+    # sidecar= and client_factory= choose the driver (their defaults differ by face), the rest
+    # are the declared options
+    assert list(parameters) == ["redis", "job_id", "sidecar", "client_factory", "options"]
+    assert parameters["sidecar"].kind is inspect.Parameter.KEYWORD_ONLY
     assert parameters["options"].kind is inspect.Parameter.VAR_KEYWORD
     assert parameters["options"].annotation == "Unpack[HeartbeatOptions]"
 

@@ -21,18 +21,22 @@ import asyncio
 import contextlib
 import logging
 from types import TracebackType
-from typing import Any, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 from .._protocol import calls
 from .._protocol.clients import AsyncClient
 from .._protocol.cluster import pipelined
 from .._protocol.deadline import cancellable
+from .._protocol.rebuild import ClientFactory
 from .current import enter_current, leave_current
 from .life import Command, Send, Sleep, Stepper, Steps, acquire_steps, final_steps
 from .options import HeartbeatOptions, HeartbeatSpec
 from .progress import ProgressCell
 from .shell import HeartbeatStatistics, Shell
 from .ticker import Ticker
+
+if TYPE_CHECKING:
+    from .sidecar.job import AsyncSidecarHeartbeat
 
 __all__ = ["HeartbeatStatistics", "JobHeartbeat", "heartbeat"]
 
@@ -209,7 +213,14 @@ class JobHeartbeat(Shell["asyncio.Future[None]"]):
             self._our_cancels += 1
 
 
-def heartbeat(redis: AsyncClient, job_id: str, **options: Unpack[HeartbeatOptions]) -> JobHeartbeat:
+def heartbeat(
+    redis: AsyncClient,
+    job_id: str,
+    *,
+    sidecar: bool = False,
+    client_factory: ClientFactory | None = None,
+    **options: Unpack[HeartbeatOptions],
+) -> JobHeartbeat | AsyncSidecarHeartbeat:
     """Run a job under a heartbeat: ``async with heartbeat(redis, job_id) as hb: ...``.
 
     Entering takes the job's lease and writes its first snapshot and ``start`` entry (so the job
@@ -235,7 +246,15 @@ def heartbeat(redis: AsyncClient, job_id: str, **options: Unpack[HeartbeatOption
         final_timeout: seconds the final write keeps retrying while Redis is unreachable.
         index_every: the running-jobs index entry is refreshed every this many beats.
         index_shards: shards of the running-jobs index (as the sweeper's).
-        clock: a monotonic clock in seconds (a seam for tests).
+        clock: a monotonic clock in seconds (a seam for tests; ``sidecar=False`` only).
+        sidecar: send the job's beats from jobpulse's helper process instead of this event
+            loop, so work that holds the GIL or blocks the loop cannot delay them
+            (docs/worker.md, "The sidecar"). Default False: in-loop beats.
+        client_factory: with ``sidecar=True``, a picklable function of no arguments, importable
+            by module path, returning a ``redis.asyncio`` client for the same server: how the
+            helper builds its client. Default: rebuilt from a plain client's connection
+            settings (TCP, TLS, Unix socket, ACL username and password); Sentinel and Cluster
+            clients need one (``TypeError`` before any Redis write otherwise).
 
     Raises:
         InvalidJobId: the job id or namespace is invalid (before any Redis command).
@@ -251,4 +270,9 @@ def heartbeat(redis: AsyncClient, job_id: str, **options: Unpack[HeartbeatOption
         LeaseLost: (on exit) the lease was lost; the job was stopped.
         JobCancelled: (on exit) the job was cancelled on request.
     """
-    return JobHeartbeat(redis, job_id, HeartbeatSpec(**options))
+    spec = HeartbeatSpec(**options)
+    if sidecar:
+        from .sidecar.job import AsyncSidecarHeartbeat
+
+        return AsyncSidecarHeartbeat(redis, job_id, spec, client_factory=client_factory)
+    return JobHeartbeat(redis, job_id, spec)

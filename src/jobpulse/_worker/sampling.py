@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,12 +35,16 @@ class ProcessSampler:
     Args:
         clock: a monotonic clock in seconds.
         max_age: how long a sample is reused.
+        pid: the process to sample (default: this one; the sidecar helper samples its owner).
     """
 
-    def __init__(self, clock: Callable[[], float], max_age: float = 0.5) -> None:
+    def __init__(
+        self, clock: Callable[[], float], max_age: float = 0.5, pid: int | None = None
+    ) -> None:
         self._clock = clock
         self._max_age = max_age
-        self._proc = psutil.Process()
+        self._pid = os.getpid() if pid is None else pid
+        self._proc = psutil.Process(self._pid)
         self._children: dict[int, psutil.Process] = {}
         self._at = float("-inf")
         self._last = ProcessSample(0, 0.0)

@@ -17,16 +17,20 @@ import concurrent.futures
 import logging
 import time
 from types import TracebackType
-from typing import Any, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, TypeVar, Unpack
 
 from .._protocol import calls
 from .._protocol.clients import SyncClient
+from .._protocol.rebuild import ClientFactory
 from .current import enter_current, leave_current
 from .life import Command, Send, Sleep, Stepper, Steps, acquire_steps, final_steps
 from .options import HeartbeatOptions, HeartbeatSpec
 from .progress import ProgressCell
 from .shell import Shell
 from .thread_ticker import ThreadTicker
+
+if TYPE_CHECKING:
+    from .sidecar.job import SidecarHeartbeat
 
 __all__ = ["SyncHeartbeat", "heartbeat"]
 
@@ -163,22 +167,35 @@ class SyncHeartbeat(Shell["_Handle"]):
         self.progress._cancel()  # a sync body cannot be interrupted: it asks check()
 
 
-def heartbeat(redis: SyncClient, job_id: str, **options: Unpack[HeartbeatOptions]) -> SyncHeartbeat:
+def heartbeat(
+    redis: SyncClient,
+    job_id: str,
+    *,
+    sidecar: bool = True,
+    client_factory: ClientFactory | None = None,
+    **options: Unpack[HeartbeatOptions],
+) -> SyncHeartbeat | SidecarHeartbeat:
     """Run a job under a heartbeat from sync code: ``with heartbeat(client, job_id) as hb: ...``.
 
     The same protocol and exit rules as :func:`jobpulse.heartbeat`: entering takes the lease and
     writes the first snapshot; exiting writes COMPLETED, FAILED (an exception), CANCELLED
-    (``JobCancelled`` from :meth:`SyncHeartbeat.check` after a cancel request) or LOST. Beats of
-    every job on ``redis`` go out from one background thread, which also keeps the lease
-    deadlines. The body is never interrupted: it learns of a cancel or a lost lease through
-    ``check()`` / ``cancelled``.
+    (``JobCancelled`` from :meth:`SyncHeartbeat.check` after a cancel request) or LOST. The
+    job's beats come from jobpulse's helper process (the sidecar, one per process), so a body
+    holding the GIL cannot delay them; with ``sidecar=False`` every job on ``redis`` is beaten
+    by one background thread of this process, which also keeps the lease deadlines. The body is
+    never interrupted: it learns of a cancel or a lost lease through ``check()`` /
+    ``cancelled``.
 
     Args:
         redis: a ``redis.Redis`` or ``redis.cluster.RedisCluster`` (give it a ``socket_timeout``
             below ``ttl``: a blocking pipeline is bounded by it).
         job_id: 1 to 200 characters of ``A-Z a-z 0-9 . _ - : /``.
+        sidecar: beats from the helper process (default True) or, with False, from a thread of
+            this process (docs/sync.md).
+        client_factory: how the helper builds its client (see :func:`jobpulse.heartbeat`);
+            needed for a ``RedisCluster`` or a Sentinel client.
         **options: the options of :func:`jobpulse.heartbeat` (the same names, types and
-            defaults: ``HeartbeatOptions``).
+            defaults: ``HeartbeatOptions``; ``clock`` only with ``sidecar=False``).
 
     Raises:
         InvalidJobId: the job id or namespace is invalid (before any Redis command).
@@ -187,4 +204,9 @@ def heartbeat(redis: SyncClient, job_id: str, **options: Unpack[HeartbeatOptions
         LeaseLost: (on exit) the lease was lost.
         JobCancelled: (on exit) the job was cancelled on request and the body ended normally.
     """
-    return SyncHeartbeat(redis, job_id, HeartbeatSpec(**options))
+    spec = HeartbeatSpec(**options)
+    if sidecar:
+        from .sidecar.job import SidecarHeartbeat
+
+        return SidecarHeartbeat(redis, job_id, spec, client_factory=client_factory)
+    return SyncHeartbeat(redis, job_id, spec)

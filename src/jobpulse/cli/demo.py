@@ -10,6 +10,11 @@ SIGTERM (an orchestrator stopping the demo) is handled like Ctrl-C: the running 
 to stop through Redis and end CANCELLED, then the demo exits with 143. A SIGTERM that reaches a
 pool worker (its whole process group stopped) cancels that worker's job the same way.
 
+The last job (of two or more) runs with ``sidecar=True`` and, between its two kernels, holds the
+GIL and its event loop in one C call for ``GIL_HOLD`` seconds (longer than the lease): its beats
+come from the sidecar helper process, so it stays RUNNING throughout (with in-loop beats it would
+turn STALE and lose its lease).
+
 ``--kill`` SIGKILLs the first job's worker process midway. Its heartbeat dies with it, so the
 liveness key expires within the lease and the verdict turns STALE; a ``Sweeper`` then claims the
 job (LOST, fence bumped) — the demo shows both. A pool per job keeps the kill to that job: a
@@ -58,6 +63,9 @@ KILL_AT = 30.0
 """``--kill`` strikes once the first job has done this many percent."""
 LIMIT = 900.0
 """Seconds after which the demo gives up (something is badly wrong)."""
+
+GIL_HOLD = 2 * TTL
+"""Seconds the sidecar job holds the GIL in one C call (a lease and more)."""
 
 _BLOCK = bytes(range(256)) * 256  # 64 KiB
 
@@ -117,13 +125,32 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def run_job(url: str, namespace: str, job_id: str, items: int, seconds: float = 0.0) -> str:
+def run_job(
+    url: str, namespace: str, job_id: str, items: int, seconds: float = 0.0, gil: bool = False
+) -> str:
     """One demo job, start to end, in the calling process (a pool worker); it takes at least
-    ``seconds`` (its items are paced), so there is time to watch it from another shell."""
-    return asyncio.run(_job(url, namespace, job_id, items, seconds))
+    ``seconds`` (its items are paced), so there is time to watch it from another shell.
+    ``gil``: beaten by the sidecar, it holds the GIL for ``GIL_HOLD`` seconds between its
+    kernels."""
+    return asyncio.run(_job(url, namespace, job_id, items, seconds, gil))
 
 
-async def _job(url: str, namespace: str, job_id: str, items: int, seconds: float) -> str:
+def hold_gil(seconds: float) -> int:
+    """Hold the GIL for at least about ``seconds`` in ONE C call (``sum(range(n))``, ``n`` sized
+    by the fastest of five timed runs: other processes only make the long call longer)."""
+
+    def timed(n: int) -> float:
+        started = time.perf_counter()
+        sum(range(n))
+        return time.perf_counter() - started
+
+    n = 1_000_000
+    while timed(n) < 0.05:
+        n *= 2
+    return sum(range(int(n * seconds / min(timed(n) for _ in range(5)))))
+
+
+async def _job(url: str, namespace: str, job_id: str, items: int, seconds: float, gil: bool) -> str:
     import redis.asyncio as aioredis
 
     from .. import heartbeat
@@ -142,12 +169,16 @@ async def _job(url: str, namespace: str, job_id: str, items: int, seconds: float
             interval=INTERVAL,
             ttl=TTL,
             meta={"demo": True, "kernels": ["sha256", "mandelbrot"]},
+            sidecar=gil,
         ) as hb:
             loop = asyncio.get_running_loop()
             half, per_item = items // 2, seconds / items
             hb.set_stage("sha256")
             digest = await loop.run_in_executor(None, hash_kernel, hb.progress, half, 96, per_item)
             await hb.checkpoint(stage="sha256", digest=digest[:16])
+            if gil:
+                hb.set_stage("gil-hold")  # a message: the helper's next beat carries it
+                hold_gil(GIL_HOLD)  # GIL and event loop held: only the helper can beat
             hb.set_stage("mandelbrot")
             inside = await loop.run_in_executor(
                 None, mandelbrot_kernel, hb.progress, items - half, 240, 120, per_item
@@ -258,13 +289,22 @@ async def _demo(
             + f" --namespace {ns}"
         )
         async with connect(url) as client:
+            gil_job = ids[-1] if len(ids) > 1 else None
+            if gil_job is not None:
+                board.say(
+                    f"{gil_job} runs with sidecar=True: its beats come from a helper process, "
+                    f"and midway it holds the GIL in one C call for {GIL_HOLD:g}s (longer than "
+                    "the lease)"
+                )
             runs = {
-                job: loop.run_in_executor(pool, run_job, url, ns, job, items, seconds)
+                job: loop.run_in_executor(
+                    pool, run_job, url, ns, job, items, seconds, job == gil_job
+                )
                 for job, pool in zip(ids, pools, strict=True)
             }
             try:
                 victim = pids[0] if kill else None
-                code = await _drive(client, ns, ids, runs, victim, board, killed)
+                code = await _drive(client, ns, ids, runs, victim, board, killed, gil_job)
             except BaseException:
                 # Ctrl-C reached a private redis-server too (same terminal); SIGTERM did not.
                 cancel = terminated.is_set() or not own_redis
@@ -286,13 +326,15 @@ async def _drive(
     victim_pid: int | None,
     board: Board,
     killed: _Killed,
+    gil_job: str | None = None,
 ) -> int:
     """Draw every job until all have ended (and the victim has been claimed); return the code."""
     from .. import JobState, StaleJob, StatusReader, Sweeper
 
     victim = ids[0] if victim_pid is not None else None
     killed_at: float | None = None
-    stale_seen = claim_seen = False
+    stale_seen = claim_seen = gil_stale = False
+    gil_held: float | None = None
     claims: dict[str, StaleJob] = {}
     started = time.monotonic()
     async with contextlib.AsyncExitStack() as stack:
@@ -305,6 +347,18 @@ async def _drive(
                 if st.state is not JobState.UNKNOWN:
                     board.show(st)
             now = time.monotonic()
+            if gil_job is not None:
+                st = statuses[gil_job]
+                if st.stage == "gil-hold" and gil_held is None:
+                    gil_held = now
+                    board.say(
+                        f"{gil_job} holds the GIL now (one C call, {GIL_HOLD:g}s): its sidecar "
+                        f"helper beats on, so it stays RUNNING past the {TTL:g}s lease",
+                        style="bold green",
+                    )
+                if st.state is JobState.STALE and not gil_stale:
+                    gil_stale = True
+                    board.say(f"{gil_job} was read STALE while holding the GIL", style="red")
             if victim is not None:
                 st = statuses[victim]
                 if killed_at is None and st.state is JobState.RUNNING:
@@ -355,7 +409,10 @@ async def _drive(
                 board.say(f"the demo did not finish within {LIMIT:g}s; stopping", style="red")
                 raise TimeoutError("demo did not finish")
             await asyncio.sleep(0.2)
-    return _summary(ids, statuses, runs, victim, board)
+    if gil_held is not None and not gil_stale:
+        board.say(f"{gil_job}: never STALE while it held the GIL", style="bold green")
+    code = _summary(ids, statuses, runs, victim, board)
+    return ExitCode.FAILED if gil_stale else code
 
 
 def _summary(

@@ -311,7 +311,9 @@ async def pulse(
             ttl=options.ttl,
             namespace=options.namespace,
             kind=kind_for(task_name),
+            sidecar=False,  # the integrations' use of the sidecar: a follow-up (issue 29)
         )
+        assert isinstance(hb, JobHeartbeat)
         try:
             await hb.__aenter__()
         except JobBusy:
@@ -459,7 +461,9 @@ def pulse_sync(
             ttl=options.ttl,
             namespace=options.namespace,
             kind=kind_for(task_name),
+            sidecar=False,  # the integrations' use of the sidecar: a follow-up (issue 29)
         )
+        assert isinstance(hb, SyncHeartbeat)
         try:
             hb.__enter__()
         except JobBusy:

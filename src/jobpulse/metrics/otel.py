@@ -136,7 +136,7 @@ class OtelMetrics:
     # -- callbacks (run by the SDK at collection; no I/O) --
 
     def _losses(self, options: CallbackOptions) -> Iterable[Observation]:
-        for cause in ("expired", "taken_over", "fenced_out"):
+        for cause in ("expired", "taken_over", "fenced_out", "sidecar_died"):
             yield Observation(self._stats.lease_losses.get(cause, 0), {"cause": cause})
 
     def _jobs(self, options: CallbackOptions) -> Iterable[Observation]:

@@ -115,7 +115,7 @@ def worker_metrics(stats: WorkerStats) -> Iterator[Metric]:
     losses = CounterMetricFamily(
         "jobpulse_worker_lease_losses", "Leases lost, by cause.", labels=["cause"]
     )
-    for cause in ("expired", "taken_over", "fenced_out"):
+    for cause in ("expired", "taken_over", "fenced_out", "sidecar_died"):
         losses.add_metric([cause], stats.lease_losses.get(cause, 0))
     yield losses
     yield CounterMetricFamily(

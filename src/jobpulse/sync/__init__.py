@@ -8,7 +8,8 @@ loop. ``client`` is a ``redis.Redis`` or ``redis.cluster.RedisCluster``. See ``d
 
 from .._reader.sync_reader import SyncStatusReader as StatusReader
 from .._recovery.control import request_cancel_sync as request_cancel
+from .._worker.sidecar.job import SidecarHeartbeat as SidecarHeartbeat
 from .._worker.sync_heartbeat import SyncHeartbeat as SyncHeartbeat
 from .._worker.sync_heartbeat import heartbeat as heartbeat
 
-__all__ = ("StatusReader", "SyncHeartbeat", "heartbeat", "request_cancel")
+__all__ = ("SidecarHeartbeat", "StatusReader", "SyncHeartbeat", "heartbeat", "request_cancel")
