@@ -35,6 +35,7 @@ sweeper claims it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -46,7 +47,7 @@ import redis as redis_sync
 from celery import Celery, signals  # type: ignore[import-untyped]
 
 from ..errors import JobCancelled
-from ._common import PulseOptions, pulse_sync
+from ._common import HelperClaim, PulseOptions, job_id_for, pulse_sync
 
 __all__ = ["instrument"]
 
@@ -84,30 +85,30 @@ class _Instrumented:
                 self._clients[pid] = (ours, broker)
             return self._clients[pid]
 
-    def refresher(self, broker: Any, task: Any) -> Any:
-        """The re-score of this delivery's ``unacked_index`` entry, or None (not Redis)."""
+    def refresher(self, broker: Any, task: Any) -> tuple[Any, HelperClaim | None]:
+        """The re-score of this delivery's ``unacked_index`` entry (None: not Redis), and the
+        same re-score for the sidecar helper to run (None: it cannot)."""
         if broker is None:
-            return None
+            return None, None
         tag = (getattr(task.request, "properties", None) or {}).get("delivery_tag")
         if tag is None:
-            return None
+            return None, None
         topts = dict(self.app.conf.broker_transport_options or {})
         key = str(topts.get("global_keyprefix", "")) + str(
             topts.get("unacked_index_key", "unacked_index")
         )
         behind = max(0.0, float(topts.get("visibility_timeout", 3600)) - self.options.claim_ttl)
 
-        def refresh() -> None:
-            # XX: never re-creates an entry kombu removed (acked, or restored already)
-            broker.zadd(key, {tag: time.time() - behind}, xx=True)
-
-        return refresh
+        rescore = functools.partial(_rescore, key, str(tag), behind)
+        claim = HelperClaim.of(broker, rescore, self.options.interval, job_id_for(task.request.id))
+        return functools.partial(rescore, broker), claim
 
     def prerun(self, task_id: str, task: Any, **_: Any) -> None:
         ours, broker = self.clients()
+        refresh, claim = self.refresher(broker, task)
         stack = contextlib.ExitStack()
         stack.enter_context(
-            pulse_sync(self.options, ours, task_id, task.name, self.refresher(broker, task))
+            pulse_sync(self.options, ours, task_id, task.name, refresh, claim=claim)
         )
         with self.lock:
             self.running[task_id, threading.get_ident()] = stack
@@ -131,6 +132,12 @@ class _Instrumented:
             stack.__exit__(None, None, None)
 
 
+def _rescore(key: str, tag: str, behind: float, broker: Any) -> None:
+    """Re-score a delivery's ``unacked_index`` entry to ``now - behind`` (in the worker, or in
+    the sidecar helper). XX: never re-creates an entry kombu removed (acked, or restored)."""
+    broker.zadd(key, {tag: time.time() - behind}, xx=True)
+
+
 def _interrupted(exc: BaseException | None) -> JobCancelled:
     """The cancellation recorded for a task whose body was interrupted by ``exc``."""
     what = "" if exc is None else f" by {type(exc).__name__}({exc})"
@@ -147,6 +154,7 @@ def instrument(
     ttl: float = 6.0,
     namespace: str = "jobpulse",
     redis: Any = None,
+    sidecar: bool = True,
 ) -> Celery:
     """Instrument a Celery app: every task it runs goes under a ``jobpulse.sync`` heartbeat.
 
@@ -160,6 +168,11 @@ def instrument(
         namespace: jobpulse's key prefix.
         redis: the ``redis.Redis`` client jobpulse writes to; None uses one from the broker URL
             (the broker must then be Redis).
+        sidecar: True (the default): each task's beats, and the refresh of its
+            ``unacked_index`` entry, go out from jobpulse's helper process (one per worker
+            process), so a body that holds the GIL delays neither; False: from threads of the
+            worker process. With True, ``redis`` must be a client jobpulse can rebuild there
+            (a plain ``redis.Redis``; TypeError here otherwise).
 
     Returns:
         The app.
@@ -167,7 +180,9 @@ def instrument(
     Raises:
         ValueError, TypeError: an option is out of range (checked here, before any Redis command).
     """
-    options = PulseOptions(interval=interval, ttl=ttl, namespace=namespace, redis=redis)
+    options = PulseOptions(
+        interval=interval, ttl=ttl, namespace=namespace, redis=redis, sidecar=sidecar
+    )
     if getattr(app, "_jobpulse", None) is not None:
         return app
     hooks = _Instrumented(app, options)

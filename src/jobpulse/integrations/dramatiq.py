@@ -104,6 +104,7 @@ def instrument(
     ttl: float = 6.0,
     namespace: str = "jobpulse",
     redis: Any = None,
+    sidecar: bool = True,
 ) -> JobpulseMiddleware:
     """Instrument a Dramatiq broker: every message it runs goes under a heartbeat.
 
@@ -115,6 +116,10 @@ def instrument(
         ttl: the heartbeat's lease time (a dead worker's message is STALE after at most ``ttl``).
         namespace: jobpulse's key prefix.
         redis: the ``redis.Redis`` client jobpulse writes to; None uses the Redis broker's client.
+        sidecar: True (the default): each message's beats go out from jobpulse's helper
+            process (one per worker process), so a body that holds the GIL cannot delay them;
+            False: from a thread of the worker process. With True, ``redis`` must be a client
+            jobpulse can rebuild there (a plain ``redis.Redis``; TypeError here otherwise).
 
     Returns:
         The middleware added to the broker.
@@ -123,7 +128,9 @@ def instrument(
         ValueError, TypeError: an option is out of range, or the broker is not a Redis broker
             and ``redis`` is None (checked here, before any Redis command).
     """
-    options = PulseOptions(interval=interval, ttl=ttl, namespace=namespace, redis=redis)
+    options = PulseOptions(
+        interval=interval, ttl=ttl, namespace=namespace, redis=redis, sidecar=sidecar
+    )
     for existing in broker.middleware:
         if isinstance(existing, JobpulseMiddleware):
             return existing

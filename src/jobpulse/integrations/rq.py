@@ -52,6 +52,7 @@ def worker_class(
     ttl: float = 6.0,
     namespace: str = "jobpulse",
     redis: Any = None,
+    sidecar: bool = True,
 ) -> type[Worker]:
     """An RQ worker class (a subclass of ``base``) that runs every job under a heartbeat.
 
@@ -63,6 +64,11 @@ def worker_class(
             seconds.
         namespace: jobpulse's key prefix.
         redis: the ``redis.Redis`` client jobpulse writes to; None uses the worker's connection.
+        sidecar: True (the default): each job's beats, and the refresh of its
+            StartedJobRegistry entry, go out from jobpulse's helper process (one per work
+            horse), so a body that holds the GIL delays neither; False: from threads of the
+            work horse. With True, ``redis`` must be a client jobpulse can rebuild there (a
+            plain ``redis.Redis``; TypeError here otherwise).
 
     Returns:
         The worker class, to pass as ``rq worker -w`` or to instantiate.
@@ -70,7 +76,9 @@ def worker_class(
     Raises:
         ValueError, TypeError: an option is out of range (checked here, before any Redis command).
     """
-    options = PulseOptions(interval=interval, ttl=ttl, namespace=namespace, redis=redis)
+    options = PulseOptions(
+        interval=interval, ttl=ttl, namespace=namespace, redis=redis, sidecar=sidecar
+    )
     claim = math.ceil(options.claim_ttl) + 1
 
     class JobpulseWorker(base):  # type: ignore[valid-type,misc]
