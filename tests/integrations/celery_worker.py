@@ -1,6 +1,7 @@
 """A Celery worker process for the tests: ``python -m tests.integrations.celery_worker URL
-NAMESPACE MODE [POOL]`` where MODE is ``jobpulse`` (instrumented, interval 0.25 s, ttl 1 s) or
-``plain``, and POOL ``threads`` (the default) or ``prefork``. The app acks late, with
+NAMESPACE MODE [POOL [NAME]]`` where MODE is ``jobpulse`` (instrumented, interval 0.25 s, ttl
+1 s), ``threadbeats`` (the same with ``sidecar=False``) or ``plain``, POOL ``threads`` (the
+default) or ``prefork``, and NAME the node's name (default ``NAMESPACE``). The app acks late, with
 ``visibility_timeout=3`` and the restore scan every 1 s, keys prefixed by ``NAMESPACE:`` and the
 queue ``NAMESPACE:q``; a threads pool of 4 (so a restored copy of a running task starts beside it)
 or a prefork pool of one child. Prints ``ready`` once the worker consumes; every task INCRs
@@ -8,6 +9,7 @@ or a prefork pool of one child. Prints ``ready`` once the worker consumes; every
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import time
@@ -22,6 +24,7 @@ from jobpulse.integrations.celery import instrument
 
 URL, NAMESPACE, MODE = sys.argv[1:4] if __name__ == "__main__" else ("redis://", "t", "plain")
 POOL = sys.argv[4] if __name__ == "__main__" and len(sys.argv) > 4 else "threads"
+NODE = sys.argv[5] if __name__ == "__main__" and len(sys.argv) > 5 else NAMESPACE
 
 app = Celery("jobpulse_test", broker=URL, backend=URL)
 app.conf.update(
@@ -88,6 +91,16 @@ def resumable(self: Any) -> Any:
     return "not killed"
 
 
+@app.task(bind=True, name="gil_hold")
+def gil_hold(self: Any, seconds: int) -> str:
+    """Holds the GIL for ``seconds`` in one C call (libc ``sleep`` through ``ctypes.PyDLL``,
+    which keeps the GIL), after recording ``NAMESPACE:holding:<task id>``."""
+    _count(self.request.id)
+    client.set(f"{NAMESPACE}:holding:{self.request.id}", os.getpid())
+    ctypes.PyDLL(None).sleep(seconds)
+    return "held"
+
+
 @app.task(bind=True, name="probe")
 def probe(self: Any) -> str:
     """What ``jobpulse.current()`` is inside a task (the documented pattern: None -> plain)."""
@@ -108,8 +121,8 @@ def _ready(**_: Any) -> None:
     print("ready", flush=True)
 
 
-if MODE == "jobpulse":
-    instrument(app, interval=0.25, ttl=1.0, namespace=NAMESPACE)
+if MODE in ("jobpulse", "threadbeats"):
+    instrument(app, interval=0.25, ttl=1.0, namespace=NAMESPACE, sidecar=MODE == "jobpulse")
 
 if __name__ == "__main__":
     app.worker_main(
@@ -128,6 +141,6 @@ if __name__ == "__main__":
             "--without-mingle",
             "--without-gossip",
             "-n",
-            f"{NAMESPACE}@%h",
+            f"{NODE}@%h",
         ]
     )
