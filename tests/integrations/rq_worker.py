@@ -1,13 +1,14 @@
 """An RQ worker process for the tests: ``python -m tests.integrations.rq_worker URL NAMESPACE
 MODE`` where MODE is ``jobpulse`` (``worker_class(interval=0.25, ttl=1.0)``: a StartedJobRegistry
-TTL of 3 s) or ``plain`` (RQ's ``Worker`` with the same 3 s registry TTL: the stall threshold set
-short), on the queue ``NAMESPACE-q`` with maintenance every 1 s (``worker_ttl=16``: an idle worker
+TTL of 3 s), ``threadbeats`` (the same with ``sidecar=False``) or ``plain`` (RQ's ``Worker``
+with the same 3 s registry TTL: the stall threshold set short), on the queue ``NAMESPACE-q`` with maintenance every 1 s (``worker_ttl=16``: an idle worker
 waits 1 s per BLPOP and runs maintenance between them). Prints ``ready`` before it works. Every
 job INCRs ``NAMESPACE:runs:<job id>`` when it starts and ``NAMESPACE:done:<job id>`` when its
 body returns, so the tests count executions and completions."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import time
@@ -72,6 +73,18 @@ def resumable(ns: str) -> Any:
     return "not killed"
 
 
+def gil_hold(ns: str, seconds: int) -> str:
+    """Holds the GIL for ``seconds`` in one C call (libc ``sleep`` through ``ctypes.PyDLL``,
+    which keeps the GIL), after recording ``NAMESPACE:holding:<job id>``."""
+    _counter(ns, "runs")
+    job = get_current_job()
+    assert job is not None
+    job.connection.set(f"{ns}:holding:{job.id}", os.getpid())
+    ctypes.PyDLL(None).sleep(seconds)
+    _counter(ns, "done")
+    return "held"
+
+
 def probe(ns: str) -> str:
     """What ``jobpulse.current()`` is inside a job (the documented pattern: None -> plain)."""
     _counter(ns, "runs")
@@ -90,8 +103,8 @@ if __name__ == "__main__":
     URL, NAMESPACE, MODE = sys.argv[1:4]
     connection = redis.Redis.from_url(URL)
     cls = (
-        worker_class(interval=0.25, ttl=1.0, namespace=NAMESPACE)
-        if MODE == "jobpulse"
+        worker_class(interval=0.25, ttl=1.0, namespace=NAMESPACE, sidecar=MODE == "jobpulse")
+        if MODE in ("jobpulse", "threadbeats")
         else ShortWorker
     )
     worker = cls(

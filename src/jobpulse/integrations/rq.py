@@ -33,14 +33,17 @@ Cancel: ``jobpulse.request_cancel()`` reaches the job through ``current().check(
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Any
 
+from rq.executions import Execution
 from rq.job import Job
+from rq.registry import StartedJobRegistry
 from rq.worker import Worker
 
-from ._common import PulseOptions, pulse_sync
+from ._common import HelperClaim, PulseOptions, job_id_for, pulse_sync
 
 __all__ = ["worker_class"]
 
@@ -101,12 +104,26 @@ def worker_class(
                     execution.heartbeat(job.started_job_registry, claim, pipeline=pipe)
                     pipe.execute()
 
+            beat = functools.partial(_heartbeat, job.id, execution.id, job.origin, claim)
+            kept = HelperClaim.of(connection, beat, options.interval, job_id_for(job.id))
+
             def run() -> Any:
                 name = job.func_name or ""
-                with pulse_sync(options, connection, job.id, name, refresh, watch=orphaned):
+                with pulse_sync(
+                    options, connection, job.id, name, refresh, watch=orphaned, claim=kept
+                ):
                     return perform()
 
             job.perform = run  # type: ignore[method-assign]
             return bool(super().perform_job(job, queue, execution))
 
     return JobpulseWorker
+
+
+def _heartbeat(job_id: str, execution_id: str, origin: str, ttl: int, connection: Any) -> None:
+    """(In the sidecar helper) RQ's own refresh of an execution's StartedJobRegistry entry,
+    rebuilt from ids: what ``Execution.heartbeat`` does in the work horse."""
+    execution = Execution(id=execution_id, job_id=job_id, connection=connection)
+    with connection.pipeline() as pipe:
+        execution.heartbeat(StartedJobRegistry(origin, connection=connection), ttl, pipeline=pipe)
+        pipe.execute()
