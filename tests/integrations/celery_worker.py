@@ -94,9 +94,10 @@ def resumable(self: Any) -> Any:
 @app.task(bind=True, name="gil_hold")
 def gil_hold(self: Any, seconds: int) -> str:
     """Holds the GIL for ``seconds`` in one C call (libc ``sleep`` through ``ctypes.PyDLL``,
-    which keeps the GIL), after recording ``NAMESPACE:holding:<task id>``."""
+    which keeps the GIL), one second after recording ``NAMESPACE:holding:<task id>``."""
     _count(self.request.id)
     client.set(f"{NAMESPACE}:holding:{self.request.id}", os.getpid())
+    time.sleep(1)  # the claim's keeper has refreshed it (it runs at once, then every 0.25 s)
     ctypes.PyDLL(None).sleep(seconds)
     return "held"
 
@@ -119,6 +120,13 @@ def rejecter(self: Any) -> str:
 @signals.worker_ready.connect
 def _ready(**_: Any) -> None:
     print("ready", flush=True)
+
+
+@signals.task_prerun.connect
+def _delivered(task_id: str = "", **_: Any) -> None:
+    """Counts ``NAMESPACE:deliveries:<task id>`` before jobpulse's handler (connected after this
+    one) enters the heartbeat: a delivery counts even when the body never starts."""
+    client.incr(f"{NAMESPACE}:deliveries:{task_id}")
 
 
 if MODE in ("jobpulse", "threadbeats"):

@@ -131,6 +131,7 @@ async def test_a_task_holding_the_gil_for_3_ttl_runs_once_and_is_never_stale_wit
         return
     assert JobState.STALE not in seen
     await asyncio.sleep(3)  # a restored copy would have started by now (scan every 1 s)
+    assert int(await redis.get(f"{ns}:deliveries:{task_id}") or 0) == 1
     assert await _runs(redis, ns, task_id) == 1
     final = await eventually(lambda: _final(reader, task_id), within=5)
     assert (final.state, final.attempt) == (JobState.COMPLETED, 1)

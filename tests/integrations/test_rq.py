@@ -135,7 +135,9 @@ async def test_a_job_holding_the_gil_in_its_horse_runs_once_and_is_never_stale_w
     # in one C call, so every thread of the horse stops. With beats and the registry refresh
     # from threads of the horse (sidecar=False) the entry expires, maintenance (every 1 s)
     # abandons the job and the idle second worker re-runs it; with the sidecar the horse's
-    # helper process beats and refreshes the entry meanwhile.
+    # helper process beats and refreshes the entry meanwhile. (With the sidecar's beats but
+    # the refresh left in the horse, the job was delivered to the other worker too, which met
+    # JobBusy: counted by ``deliveries``, before the body's ``runs``.)
     job_id = f"{ns}-1"
     spawn(WORKER, redis_url, ns, mode)
     spawn(WORKER, redis_url, ns, mode)
@@ -156,6 +158,7 @@ async def test_a_job_holding_the_gil_in_its_horse_runs_once_and_is_never_stale_w
     assert job.get_status() is JobStatus.FINISHED
     assert JobState.STALE not in seen
     await asyncio.sleep(2)  # a re-run, had maintenance abandoned the job, would have started
+    assert await _count(redis, ns, "deliveries", job_id) == 1  # never handed to the other
     assert await _count(redis, ns, "runs", job_id) == 1
     final = await eventually(lambda: _final(reader, job_id), within=5)
     assert (final.state, final.attempt) == (JobState.COMPLETED, 1)
