@@ -1,11 +1,13 @@
 """A Dramatiq worker process for the tests: ``python -m tests.integrations.dramatiq_worker URL
-NAMESPACE MODE`` where MODE is ``jobpulse`` (instrumented, interval 0.25 s, ttl 1 s) or ``plain``.
-The Redis broker uses the namespace ``NAMESPACE-dq`` with ``heartbeat_timeout=3000`` ms and
+NAMESPACE MODE [HEARTBEAT_MS]`` where MODE is ``jobpulse`` (instrumented, interval 0.25 s, ttl
+1 s), ``threadbeats`` (the same with ``sidecar=False``) or ``plain``. The Redis broker uses the
+namespace ``NAMESPACE-dq`` with ``heartbeat_timeout=HEARTBEAT_MS`` (default 3000) ms and
 maintenance on every fetch; results go to ``NAMESPACE-res``; two worker threads. Prints ``ready``
 once the worker runs. Every actor INCRs ``NAMESPACE:runs:<message id>`` when it starts."""
 
 from __future__ import annotations
 
+import ctypes
 import signal
 import sys
 import threading
@@ -23,14 +25,18 @@ import jobpulse
 from jobpulse.integrations.dramatiq import instrument
 
 URL, NAMESPACE, MODE = sys.argv[1:4]
+HEARTBEAT_MS = int(sys.argv[4]) if len(sys.argv) > 4 else 3000
 
 broker = RedisBroker(
-    url=URL, namespace=f"{NAMESPACE}-dq", heartbeat_timeout=3000, maintenance_chance=1_000_000
+    url=URL,
+    namespace=f"{NAMESPACE}-dq",
+    heartbeat_timeout=HEARTBEAT_MS,
+    maintenance_chance=1_000_000,
 )
 broker.add_middleware(Results(backend=RedisBackend(url=URL, namespace=f"{NAMESPACE}-res")))
 broker.add_middleware(CurrentMessage())
-if MODE == "jobpulse":
-    instrument(broker, interval=0.25, ttl=1.0, namespace=NAMESPACE)
+if MODE in ("jobpulse", "threadbeats"):
+    instrument(broker, interval=0.25, ttl=1.0, namespace=NAMESPACE, sidecar=MODE == "jobpulse")
 dramatiq.set_broker(broker)
 
 
@@ -80,6 +86,17 @@ def resumable() -> Any:
     broker.client.set(f"{NAMESPACE}:checkpointed:{message_id}", 1)
     time.sleep(60)
     return "not killed"
+
+
+@dramatiq.actor(queue_name="q", store_results=True, max_retries=0)
+def gil_hold(seconds: int) -> str:
+    """Holds the GIL for ``seconds`` in one C call (libc ``sleep`` through ``ctypes.PyDLL``,
+    which keeps the GIL), one second after recording ``NAMESPACE:holding:<message id>``."""
+    message_id = _count()
+    broker.client.set(f"{NAMESPACE}:holding:{message_id}", 1)
+    time.sleep(1)
+    ctypes.PyDLL(None).sleep(seconds)
+    return "held"
 
 
 @dramatiq.actor(queue_name="q", store_results=True, max_retries=0)
