@@ -21,6 +21,10 @@ last refresh (then restored by the next scan, every ``unacked_restore_interval``
 ``unacked_restore_throttle`` seconds), whatever ``visibility_timeout`` is. Without ``acks_late``
 the message is acked before the task runs and nothing is redelivered.
 
+Sidecar (the default): the task's beats and that re-score go out from jobpulse's helper process
+(one per process that runs tasks, ending with it), so a task that holds the GIL is neither read
+STALE nor restored; ``sidecar=False`` sends both from threads of the task's process.
+
 Cancel: ``jobpulse.request_cancel()`` reaches the task through ``current().check()``, which
 raises ``JobCancelled``; Celery records the task FAILURE with that exception (acked, not
 retried unless the task's own ``autoretry_for`` says so) and jobpulse records CANCELLED.

@@ -21,6 +21,10 @@ at a maintenance run. A live process's messages are therefore never requeued, so
 claim for jobpulse to refresh; a SIGKILLed worker's messages are requeued once, by Dramatiq,
 ``heartbeat_timeout`` after it died, and the next attempt takes the job over (``resume_from``).
 
+Sidecar (the default): the message's beats go out from jobpulse's helper process (one per worker
+process, ending with it), so an actor that holds the GIL is never read STALE; ``sidecar=False``
+beats from a thread of the worker process. (Dramatiq's own heartbeat stops during such a hold.)
+
 Cancel: ``jobpulse.request_cancel()`` reaches the actor through ``current().check()``, which
 raises ``JobCancelled``; the message is failed without a retry (``JobCancelled`` is added to its
 ``throws``), so Dramatiq dead-letters it and the Results middleware stores the exception, and

@@ -18,8 +18,12 @@ Claim: RQ takes a job as abandoned once its StartedJobRegistry entry expires (th
 process refreshes it every ``job_monitoring_interval``, with a TTL of that plus 60 s); the next
 maintenance run (every ``maintenance_interval``, 10 min by default) of any worker then retries
 it (``retries_left``) or fails it with ``AbandonedJobError``. With this worker class the entry's
-TTL is ``ceil(ttl + interval) + 1`` seconds and the heartbeat refreshes it every ``interval`` from
-the work horse while it holds the lease, so a dead job is abandoned seconds after its horse died.
+TTL is ``ceil(ttl + interval) + 1`` seconds and it is refreshed every ``interval`` while the
+heartbeat holds the lease, so a dead job is abandoned seconds after its horse died.
+
+Sidecar (the default): the job's beats and that refresh go out from jobpulse's helper process,
+started by the work horse and ending with it, so a job that holds the GIL in the horse is never
+abandoned for it; ``sidecar=False`` sends both from threads of the horse.
 
 Owner death: the work horse holds the heartbeat, and it belongs to the worker's main process.
 When the main process dies (SIGKILL), the horse notices within ``interval`` (its parent changed)
