@@ -160,7 +160,9 @@ def test_a_sync_checkpoint_beat_whose_reply_was_lost_is_recorded_once(ns: str) -
         try:
             direct.script_load(SCRIPTS.beat.text)  # a NOSCRIPT reply would be the one dropped
             keys = KeySchema(ns).job("beat")
-            with jobpulse.sync.heartbeat(client, "beat", namespace=ns, interval=30, ttl=60) as hb:
+            with jobpulse.sync.heartbeat(
+                client, "beat", namespace=ns, interval=30, ttl=60, sidecar=False
+            ) as hb:
                 assert ThreadTicker.for_client(client, time.monotonic).packed  # not a Pipeline
                 lost_beat = proxy.drop_reply_once(SCRIPTS.beat.sha.encode())
                 assert hb.checkpoint(step=1)

@@ -1,5 +1,6 @@
-"""The worker's scenarios, run for BOTH shells from one body each: the asyncio shell
-(``jobpulse.heartbeat``) and the thread shell (``jobpulse.sync.heartbeat``).
+"""The worker's scenarios, run for every shell from one body each: the asyncio shell
+(``jobpulse.heartbeat``), the thread shell (``jobpulse.sync.heartbeat(..., sidecar=False)``)
+and the sync shell beaten by the sidecar helper (``jobpulse.sync.heartbeat``'s default).
 
 A scenario's body is a plain function of the heartbeat, run in a thread for either shell (the
 asyncio shell awaits it through ``run_in_executor``; the thread shell runs it inside its
@@ -32,7 +33,7 @@ from ..integration import work
 from ..support import Monitor, eventually, spawn_ready, stop
 from .conftest import Proxied
 
-SHELLS = ["asyncio", "thread"]
+SHELLS = ["asyncio", "thread", "sidecar"]
 Body = Callable[[Any], Any]
 
 
@@ -50,7 +51,8 @@ async def run_job(shell: str, url: str, job_id: str, body: Body, **options: Any)
         # a blocking pipeline is bounded by the socket timeout (docs/sync.md): half the ttl
         client = redis.Redis.from_url(url, socket_timeout=options.get("ttl", 6.0) / 2)
         try:
-            with jobpulse.sync.heartbeat(client, job_id, **options) as hb:
+            sidecar = shell == "sidecar"
+            with jobpulse.sync.heartbeat(client, job_id, sidecar=sidecar, **options) as hb:
                 return body(hb)
         finally:
             client.close()

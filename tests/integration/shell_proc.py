@@ -1,5 +1,6 @@
 """A worker process of either shell, for crash tests:
-``python -m tests.integration.shell_proc SHELL URL NS JOB TTL`` (SHELL: asyncio or thread).
+``python -m tests.integration.shell_proc SHELL URL NS JOB TTL`` (SHELL: asyncio, thread, or
+sidecar: the sync shell beaten by the sidecar helper).
 
 Runs one job (interval ttl/6) advancing a counter forever, prints ``ready <pid>`` once the lease
 is held, and is meant to be SIGKILLed by the test.
@@ -28,9 +29,11 @@ async def run_async(url: str, ns: str, job_id: str, ttl: float) -> None:
             await asyncio.sleep(0.01)
 
 
-def run_thread(url: str, ns: str, job_id: str, ttl: float) -> None:
+def run_thread(url: str, ns: str, job_id: str, ttl: float, sidecar: bool) -> None:
     client = redis.Redis.from_url(url, socket_timeout=ttl / 2)
-    with jobpulse.sync.heartbeat(client, job_id, namespace=ns, ttl=ttl, interval=ttl / 6) as hb:
+    with jobpulse.sync.heartbeat(
+        client, job_id, namespace=ns, ttl=ttl, interval=ttl / 6, sidecar=sidecar
+    ) as hb:
         print(f"ready {os.getpid()}", flush=True)
         while True:
             hb.progress.advance()
@@ -42,4 +45,4 @@ if __name__ == "__main__":
     if shell == "asyncio":
         asyncio.run(run_async(url, ns, job_id, float(ttl)))
     else:
-        run_thread(url, ns, job_id, float(ttl))
+        run_thread(url, ns, job_id, float(ttl), sidecar=shell == "sidecar")

@@ -158,7 +158,9 @@ def test_sync_job_ends_completed_with_a_renamed_time_sampled_outside_scripts(
     client = redis.Redis.from_url(renamed_time.url)
     try:
         clock = script_time(client, time_command="JPTIME")
-        with jobpulse.sync.heartbeat(client, "s-1", interval=0.05, ttl=1.0, namespace=ns) as hb:
+        with jobpulse.sync.heartbeat(
+            client, "s-1", interval=0.05, ttl=1.0, namespace=ns, sidecar=False
+        ) as hb:
             hb.progress.set(3)
             hb.checkpoint(step=1)
         assert clock.arguments

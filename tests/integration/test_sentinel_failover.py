@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Iterator
@@ -32,9 +33,11 @@ from jobpulse import (
 )
 from jobpulse._protocol.errors import is_redis_fault
 from jobpulse._protocol.keys import KeySchema
+from jobpulse._protocol.rebuild import ClientFactory
 from jobpulse._provision import LocalSentinel
 
 from ..support import eventually
+from . import sidecar_clients
 
 pytestmark = pytest.mark.destructive
 
@@ -167,11 +170,23 @@ async def test_jobs_run_on_through_a_sentinel_failover(
 
 
 def _sync_job(
-    client: redis.Redis, job_id: str, ns: str, stop: threading.Event, fences: dict[str, int]
+    client: redis.Redis,
+    job_id: str,
+    ns: str,
+    stop: threading.Event,
+    fences: dict[str, int],
+    factory: ClientFactory,
 ) -> None:
-    """A sync job (a thread): runs until ``stop``; "cancelled" runs until its cancel arrives."""
+    """A sync job (a thread): runs until ``stop``; "cancelled" runs until its cancel arrives.
+    Its beats come from the sidecar helper, whose client ``factory`` builds (Sentinel)."""
     with jobpulse.sync.heartbeat(
-        client, job_id, namespace=ns, interval=0.1, ttl=TTL, final_timeout=TTL
+        client,
+        job_id,
+        namespace=ns,
+        interval=0.1,
+        ttl=TTL,
+        final_timeout=TTL,
+        client_factory=factory,
     ) as hb:
         fences[job_id] = hb.fence
         while job_id == "cancelled" or not stop.is_set():
@@ -185,9 +200,9 @@ def _sync_job(
 async def test_sync_jobs_run_on_through_a_sentinel_failover(
     sentinel_setup: LocalSentinel, ns: str
 ) -> None:
-    """The sync shell and the sync reader on ``redis.sentinel.Sentinel(...).master_for(...)``,
-    a sweeper beside them (on an asyncio Sentinel client): the master is SIGKILLed while the
-    jobs run."""
+    """The sync shell (beaten by the sidecar helper, its client rebuilt by a ``client_factory``)
+    and the sync reader on ``redis.sentinel.Sentinel(...).master_for(...)``, a sweeper beside
+    them (on an asyncio Sentinel client): the master is SIGKILLed while the jobs run."""
     sync_sentinel = SyncSentinel(sentinel_setup.sentinel_addresses, socket_timeout=1.0)
     client = sync_sentinel.master_for(sentinel_setup.name, socket_timeout=2.0)
     sentinel = Sentinel(sentinel_setup.sentinel_addresses, socket_timeout=1.0)
@@ -195,6 +210,11 @@ async def test_sync_jobs_run_on_through_a_sentinel_failover(
     replica = sentinel_setup.replicas[0]
     promoted = aioredis.Redis.from_url(replica.url)  # looked at directly, never by the code
     stop = threading.Event()
+    factory = functools.partial(
+        sidecar_clients.sentinel_master,
+        tuple(sentinel_setup.sentinel_addresses),
+        sentinel_setup.name,
+    )
     fences: dict[str, int] = {}
     claimed: list[StaleJob] = []
 
@@ -208,7 +228,7 @@ async def test_sync_jobs_run_on_through_a_sentinel_failover(
             await asyncio.sleep(0.2)
 
     jobs = {
-        j: asyncio.create_task(asyncio.to_thread(_sync_job, client, j, ns, stop, fences))
+        j: asyncio.create_task(asyncio.to_thread(_sync_job, client, j, ns, stop, fences, factory))
         for j in EXPECTED
     }
     sweeper = asyncio.create_task(sweep_forever(Sweeper(aclient, namespace=ns)))

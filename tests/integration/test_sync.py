@@ -141,7 +141,9 @@ def test_many_jobs_share_one_beat_thread(sync_client: redis.Redis, ns: str) -> N
         try:
             hbs = []
             for i in range(first, min(first + per, jobs)):
-                hb = heartbeat(sync_client, f"m{i}", namespace=ns, interval=1.0, ttl=6.0)
+                hb = heartbeat(
+                    sync_client, f"m{i}", namespace=ns, interval=1.0, ttl=6.0, sidecar=False
+                )
                 hbs.append(hb.__enter__())
             started.wait()
             release.wait()
@@ -224,7 +226,9 @@ def test_sync_shell_and_reader_on_a_cluster(redis_cluster: Any, ns: str) -> None
     client = redis.cluster.RedisCluster.from_url(redis_cluster.url, socket_timeout=2.0)
     reader = StatusReader(client, namespace=ns, cache_ttl=0.0)
     try:
-        with heartbeat(client, "clustered", namespace=ns, interval=0.05, ttl=1.0, total=2) as hb:
+        with heartbeat(
+            client, "clustered", namespace=ns, interval=0.05, ttl=1.0, total=2, sidecar=False
+        ) as hb:
             hb.set_stage("spread")
             assert hb.checkpoint(at=1) is True
             hb.progress.advance(2)

@@ -40,6 +40,7 @@ __all__ = [
     "ClockMode",
     "ScriptClock",
     "clock_of",
+    "known_clock",
     "refuses_time",
     "script_time",
     "set_clock",
@@ -219,6 +220,11 @@ def clock_of(redis: Any) -> ScriptClock:
             if clock is None:
                 clock = _CLOCKS[redis] = ScriptClock()
     return clock
+
+
+def known_clock(redis: Any) -> ScriptClock | None:
+    """The clock given to ``redis`` so far, if any (never creates one)."""
+    return _CLOCKS.get(redis)
 
 
 def set_clock(redis: Any, clock: ScriptClock) -> ScriptClock:

@@ -22,8 +22,9 @@ import redis.asyncio.connection
 import redis.connection
 
 from .clients import AsyncClient
+from .clock import ClockMode, known_clock, script_time
 
-__all__ = ["ClientFactory", "RedisFactory", "checked_factory", "factory_of"]
+__all__ = ["ClientFactory", "HelperClient", "RedisFactory", "checked_factory", "factory_of"]
 
 ClientFactory = Callable[[], AsyncClient]
 """A picklable callable of no arguments returning a ``redis.asyncio.Redis`` or
@@ -112,8 +113,24 @@ def factory_of(client: Any) -> RedisFactory:
     return RedisFactory(kind, settings)
 
 
+@dataclass(frozen=True, slots=True)
+class HelperClient:
+    """What the helper calls to build its client: the factory, then the owner client's script
+    time choice (:func:`jobpulse.script_time`), if one was made, applied to the new client."""
+
+    factory: ClientFactory
+    clock: tuple[ClockMode, str | None] | None
+
+    def __call__(self) -> AsyncClient:
+        client = self.factory()
+        if self.clock is not None:
+            script_time(client, mode=self.clock[0], time_command=self.clock[1])
+        return client
+
+
 def checked_factory(factory: ClientFactory | None, client: Any) -> bytes:
-    """The pickled factory the helper will call (``factory``, else :func:`factory_of`).
+    """The pickled :class:`HelperClient` the helper will call (``factory``, else
+    :func:`factory_of`; with ``client``'s script time choice).
 
     Raises:
         TypeError: no factory can be derived, or ``factory`` cannot be pickled.
@@ -132,8 +149,10 @@ def checked_factory(factory: ClientFactory | None, client: Any) -> bytes:
             "client_factory is defined in __main__: the sidecar helper process does not run "
             "your main module, so it cannot load it; define it in an importable module"
         )
+    chosen = known_clock(client)
+    clock = None if chosen is None else (chosen.mode, chosen.time_command)
     try:
-        return pickle.dumps(factory)
+        return pickle.dumps(HelperClient(factory, clock))
     except Exception as exc:
         raise TypeError(
             f"client_factory must be picklable (a module-level function, functools.partial "

@@ -1,0 +1,143 @@
+"""Worker processes whose job is beaten by the sidecar helper (tests/integration/test_sidecar.py):
+``python -m tests.integration.sidecar_proc SCENARIO SHELL URL NS JOB TTL`` (SHELL: sync or
+asyncio). Every scenario prints ``ready <pid> <helper pid>`` once the lease is held.
+
+* ``gil``: the body holds the GIL (and, in the asyncio shell, its event loop) in ONE C call,
+  ``sum(range(n))``, for about 3 x ttl (n calibrated here first), then counts one item and
+  ends; prints ``held <seconds>`` and ``ok``.
+* ``forever``: counts items until SIGKILLed (the owner-death test).
+* ``helper-dies``: works until the job must stop (the test SIGKILLs the helper); prints the
+  exception the block raised (``lost <cause>``), then runs a second job to its end on a new
+  helper and prints ``second <helper pid>``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+import time
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+
+import jobpulse
+import jobpulse.sync
+from jobpulse import LeaseLost
+
+
+def calibrated(seconds: float) -> int:
+    """An ``n`` for which ``sum(range(n))`` takes about ``seconds`` on this machine now."""
+    n = 2_000_000
+    while True:
+        started = time.perf_counter()
+        sum(range(n))
+        took = time.perf_counter() - started
+        if took > 0.2:
+            return int(n * seconds / took)
+        n *= 4
+
+
+def say(*words: object) -> None:
+    print(*words, flush=True)
+
+
+def gil_sync(client: redis.Redis, ns: str, job_id: str, ttl: float) -> None:
+    n = calibrated(3 * ttl)
+    with jobpulse.sync.heartbeat(
+        client, job_id, namespace=ns, ttl=ttl, interval=ttl / 4, total=1
+    ) as hb:
+        say("ready", os.getpid(), hb.helper_pid)  # type: ignore[union-attr]
+        started = time.perf_counter()
+        sum(range(n))  # one C call: the GIL is held throughout
+        say("held", time.perf_counter() - started)
+        hb.progress.advance()
+    say("ok")
+
+
+async def gil_asyncio(client: aioredis.Redis, ns: str, job_id: str, ttl: float) -> None:
+    n = calibrated(3 * ttl)
+    async with jobpulse.heartbeat(
+        client, job_id, namespace=ns, ttl=ttl, interval=ttl / 4, total=1, sidecar=True
+    ) as hb:
+        say("ready", os.getpid(), hb.helper_pid)  # type: ignore[union-attr]
+        started = time.perf_counter()
+        sum(range(n))  # one C call in the loop's thread: GIL and event loop held throughout
+        say("held", time.perf_counter() - started)
+        hb.progress.advance()
+        await asyncio.sleep(0)
+    say("ok")
+
+
+def forever_sync(client: redis.Redis, ns: str, job_id: str, ttl: float) -> None:
+    with jobpulse.sync.heartbeat(client, job_id, namespace=ns, ttl=ttl, interval=ttl / 6) as hb:
+        say("ready", os.getpid(), hb.helper_pid)  # type: ignore[union-attr]
+        while True:
+            hb.progress.advance()
+            time.sleep(0.01)
+
+
+async def forever_asyncio(client: aioredis.Redis, ns: str, job_id: str, ttl: float) -> None:
+    async with jobpulse.heartbeat(
+        client, job_id, namespace=ns, ttl=ttl, interval=ttl / 6, sidecar=True
+    ) as hb:
+        say("ready", os.getpid(), hb.helper_pid)  # type: ignore[union-attr]
+        while True:
+            hb.progress.advance()
+            await asyncio.sleep(0.01)
+
+
+def helper_dies_sync(client: redis.Redis, ns: str, job_id: str, ttl: float) -> None:
+    try:
+        with jobpulse.sync.heartbeat(client, job_id, namespace=ns, ttl=ttl, interval=ttl / 6) as hb:
+            say("ready", os.getpid(), hb.helper_pid)  # type: ignore[union-attr]
+            while not hb.cancelled:
+                hb.progress.advance()
+                time.sleep(0.01)
+    except LeaseLost as exc:
+        say("lost", exc.cause.name)
+    with jobpulse.sync.heartbeat(
+        client, job_id + "-2", namespace=ns, ttl=ttl, interval=ttl / 6
+    ) as hb:
+        pid = hb.helper_pid  # type: ignore[union-attr]
+    say("second", pid)
+
+
+async def helper_dies_asyncio(client: aioredis.Redis, ns: str, job_id: str, ttl: float) -> None:
+    try:
+        async with jobpulse.heartbeat(
+            client, job_id, namespace=ns, ttl=ttl, interval=ttl / 6, sidecar=True
+        ) as hb:
+            say("ready", os.getpid(), hb.helper_pid)  # type: ignore[union-attr]
+            while True:  # cancelled by the heartbeat once the helper is gone
+                hb.progress.advance()
+                await asyncio.sleep(0.01)
+    except LeaseLost as exc:
+        say("lost", exc.cause.name)
+    async with jobpulse.heartbeat(
+        client, job_id + "-2", namespace=ns, ttl=ttl, interval=ttl / 6, sidecar=True
+    ) as hb:
+        pid = hb.helper_pid  # type: ignore[union-attr]
+    say("second", pid)
+
+
+def main(scenario: str, shell: str, url: str, ns: str, job_id: str, ttl: float) -> None:
+    if shell == "sync":
+        sync_client = redis.Redis.from_url(url, socket_timeout=ttl / 2)
+        runs: dict[str, Any] = {"gil": gil_sync, "forever": forever_sync}
+        runs["helper-dies"] = helper_dies_sync
+        runs[scenario](sync_client, ns, job_id, ttl)
+        return
+
+    async def run() -> None:
+        client = aioredis.Redis.from_url(url)
+        runs: dict[str, Any] = {"gil": gil_asyncio, "forever": forever_asyncio}
+        runs["helper-dies"] = helper_dies_asyncio
+        await runs[scenario](client, ns, job_id, ttl)
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main(*sys.argv[1:6], float(sys.argv[6]))
