@@ -9,11 +9,11 @@ from ._protocol.clock import script_time as script_time
 from ._reader.backoff import Backoff as Backoff
 from ._reader.cache import CacheStatistics as CacheStatistics
 from ._reader.event import Event as Event
+from ._reader.hubtypes import HubStatistics as HubStatistics
 from ._reader.reader import ReaderStatistics as ReaderStatistics
 from ._reader.reader import StatusReader as StatusReader
 from ._reader.status import JobState as JobState
 from ._reader.status import JobStatus as JobStatus
-from ._reader.watch import HubStatistics as HubStatistics
 from ._recovery.control import request_cancel as request_cancel
 from ._recovery.sweeper import OnStale as OnStale
 from ._recovery.sweeper import StaleJob as StaleJob

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 
-__all__ = ["check_number"]
+__all__ = ["check_number", "check_seconds"]
 
 
 def check_number(
@@ -33,3 +33,13 @@ def check_number(
     if minimum is not None and (value < minimum or (strict and value == minimum)):
         raise ValueError(f"{name} must be {'>' if strict else '>='} {minimum:g}, got {value!r}")
     return value
+
+
+def check_seconds(name: str, value: object, *, positive: bool = False) -> float:
+    """``value`` as a duration in seconds: a finite number ``>= 0`` (``> 0`` when ``positive``).
+
+    Raises:
+        TypeError: not a number.
+        ValueError: not finite, or out of range; the message names ``name``.
+    """
+    return float(check_number(name, value, minimum=0, strict=positive, what="a number of seconds"))

@@ -14,7 +14,9 @@ the code under test. Every fault is a setting a test flips while traffic flows:
   ``refused`` counts them.
 * ``drop_reply_once(marker)``: the next request holding ``marker`` is forwarded (Redis runs
   it), then the connection is cut before its reply reaches the client (a lost reply: the
-  client's retry sends the command again);
+  client's retry sends the command again); with ``hold=True`` the proxy also turns into a
+  blackhole at that moment, so the retry waits until the test lifts it (something else can
+  happen in Redis between the command and its retry);
 * ``delay_reply_once(marker, seconds)``: the same request's reply is held ``seconds``.
 
 Given several upstream ports, each new connection goes to the next one in turn (a client
@@ -41,6 +43,7 @@ __all__ = ["FaultProxy"]
 class _Rule:
     marker: bytes
     delay: float | None  # None: drop the reply (cut the connection)
+    hold: bool = False  # with a dropped reply: blackhole from then on
     fired: threading.Event = field(default_factory=threading.Event)
 
 
@@ -83,10 +86,11 @@ class FaultProxy:
         else:
             self._blackhole.clear()
 
-    def drop_reply_once(self, marker: bytes) -> threading.Event:
+    def drop_reply_once(self, marker: bytes, *, hold: bool = False) -> threading.Event:
         """Forward the next request holding ``marker``, then cut its connection before the
-        reply. Returns an event set once that happened."""
-        return self._arm(_Rule(marker, None))
+        reply (``hold``: and turn blackhole on, until ``blackhole = False``). Returns an event
+        set once that happened."""
+        return self._arm(_Rule(marker, None, hold))
 
     def delay_reply_once(self, marker: bytes, seconds: float) -> threading.Event:
         """Hold the reply to the next request holding ``marker`` for ``seconds``."""
@@ -213,6 +217,8 @@ class FaultProxy:
             elif to_client and conn.pending is not None:
                 rule, conn.pending = conn.pending, None
                 if rule.delay is None:  # the command ran; its reply is lost with the link
+                    if rule.hold:
+                        self._blackhole.set()
                     rule.fired.set()
                     raise ConnectionResetError("fault proxy: reply dropped")
                 await asyncio.sleep(rule.delay)

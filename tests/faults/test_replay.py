@@ -9,6 +9,7 @@ job the sweeper finds, and says which.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import threading
 import time
@@ -49,6 +50,10 @@ class Replayed:
     arm: Callable[[bytes, str, float | None], threading.Event]
     """arm(marker, job_key, delay): the next command holding ``marker`` sent to the node of
     ``job_key`` gets its reply dropped (delay None) or held ``delay`` seconds."""
+    hold: Callable[[bytes, str], threading.Event]
+    """hold(marker, job_key): as arm with delay None, and every byte from then on is held
+    (the client's retry too) until ``lift()``."""
+    lift: Callable[[], None]
 
 
 async def _load_scripts(*urls: str) -> None:
@@ -78,6 +83,12 @@ async def replayed(request: pytest.FixtureRequest, ns: str) -> AsyncIterator[Rep
                     return proxy.drop_reply_once(marker)
                 return proxy.delay_reply_once(marker, delay)
 
+            def hold(marker: bytes, key: str) -> threading.Event:
+                return proxy.drop_reply_once(marker, hold=True)
+
+            def lift() -> None:
+                proxy.blackhole = False
+
         else:
             cluster: LocalCluster = request.getfixturevalue("redis_cluster")
             proxies = {p: stack.enter_context(FaultProxy(p)) for p in cluster.ports}
@@ -100,8 +111,16 @@ async def replayed(request: pytest.FixtureRequest, ns: str) -> AsyncIterator[Rep
                     return proxy.drop_reply_once(marker)
                 return proxy.delay_reply_once(marker, delay)
 
+            def hold(marker: bytes, key: str) -> threading.Event:
+                node = direct.get_node_from_key(key)  # type: ignore[union-attr]
+                return proxies[node.port].drop_reply_once(marker, hold=True)
+
+            def lift() -> None:
+                for proxy in proxies.values():
+                    proxy.blackhole = False
+
         try:
-            yield Replayed(client, direct, arm)
+            yield Replayed(client, direct, arm, hold, lift)
         finally:
             await client.aclose()
             keys = [k async for k in direct.scan_iter(match=f"{ns}:*", count=1000)]
@@ -173,6 +192,106 @@ def test_a_sync_checkpoint_beat_whose_reply_was_lost_is_recorded_once(ns: str) -
         finally:
             client.close()
             direct.close()
+
+
+async def test_a_beat_that_finds_the_data_lost_and_whose_reply_was_lost_still_repairs(
+    replayed: Replayed, ns: str
+) -> None:
+    """The beat that finds the job's keys gone (a restart that lost the data) is replayed by the
+    client (its reply lost): the replay answers as the first run did ("resend everything"), so
+    the static fields, the checkpoint and the running-index entry come back. The replay used
+    to answer "written" and they stayed missing for the whole run (issue 24, item 1)."""
+    client, direct = replayed.client, replayed.direct
+    schema = KeySchema(ns)
+    keys = schema.job("lossy")
+    index = schema.index_for("lossy")
+    async with heartbeat(
+        client, "lossy", namespace=ns, interval=30, ttl=60, kind="etl", meta={"k": 1}
+    ) as hb:
+        await hb.checkpoint(row=10)
+        await direct.delete(*keys.all())  # the job's keys and its index entry are lost
+        await direct.zrem(index, "lossy")
+        lost_beat = replayed.arm(SCRIPTS.beat.sha.encode(), keys.state, None)
+        await hb.checkpoint(row=20)
+        assert lost_beat.is_set()
+        state = await direct.hgetall(keys.state)
+        assert state[b"status"] == b"RUNNING"
+        assert (state[b"kind"], state[b"meta"], state[b"attempt"]) == (b"etl", b'{"k":1}', b"1")
+        assert b"worker" in state
+        assert b"started_ms" in state
+        assert state[b"checkpoint"] == b'{"row":20}'
+        assert await direct.zscore(index, "lossy") is not None
+    assert await _kinds(direct, keys.events) == [b"checkpoint", b"end"]  # row 20 once
+
+
+def test_a_sync_beat_that_finds_the_data_lost_and_whose_reply_was_lost_still_repairs(
+    ns: str,
+) -> None:
+    """The thread shell: the connection's retry replays the packed write whose beat found the
+    job's keys gone; the replay answers "resend everything" as the first run did."""
+    with RedisServer() as server, FaultProxy(server.port) as proxy:
+        client = redis.Redis(host="127.0.0.1", port=proxy.port)
+        direct = redis.Redis.from_url(server.url)
+        try:
+            direct.script_load(SCRIPTS.beat.text)  # a NOSCRIPT reply would be the one dropped
+            schema = KeySchema(ns)
+            keys = schema.job("lossy")
+            with jobpulse.sync.heartbeat(
+                client, "lossy", namespace=ns, interval=30, ttl=60, kind="etl"
+            ) as hb:
+                assert hb.checkpoint(row=10)
+                direct.delete(*keys.all())
+                direct.zrem(schema.index_for("lossy"), "lossy")
+                lost_beat = proxy.drop_reply_once(SCRIPTS.beat.sha.encode())
+                assert hb.checkpoint(row=20)
+                assert lost_beat.is_set()
+                state = direct.hgetall(keys.state)
+                assert (state[b"kind"], state[b"attempt"]) == (b"etl", b"1")
+                assert state[b"checkpoint"] == b'{"row":20}'
+                assert direct.zscore(schema.index_for("lossy"), "lossy") is not None
+            kinds = [e[1][b"kind"] for e in direct.xrange(keys.events)]
+            assert [k for k in kinds if k != b"beat"] == [b"checkpoint", b"end"]
+        finally:
+            client.close()
+            direct.close()
+
+
+async def test_a_final_write_retried_after_a_new_attempt_started_reports_it_written(
+    replayed: Replayed, ns: str
+) -> None:
+    """The final write ran, its reply was lost, and the job id was started again before the
+    client's retry landed: the retry answers "already ended" (the end entry of our fence is in
+    the stream), so the worker does not raise LeaseLost for a job it completed (issue 24,
+    item 3). The new attempt is untouched."""
+    client, direct = replayed.client, replayed.direct
+    keys = KeySchema(ns).job("again")
+
+    async def first_attempt() -> int:
+        async with heartbeat(client, "again", namespace=ns, interval=30, ttl=60) as hb:
+            return hb.fence
+
+    lost_finish = replayed.hold(SCRIPTS.finish.sha.encode(), keys.state)
+    first = asyncio.create_task(first_attempt())
+    try:
+        await eventually(lambda: _is_set(lost_finish))  # it ran; the retry is held
+        async with heartbeat(direct, "again", namespace=ns, interval=30, ttl=60) as hb:
+            assert hb.attempt == 2
+            replayed.lift()  # the retry lands now, under the new attempt's lease
+            fence = await first  # no LeaseLost
+            assert await direct.hget(keys.state, "status") == b"RUNNING"
+            assert int(await direct.hget(keys.state, "fence")) == hb.fence > fence
+    finally:
+        replayed.lift()
+        first.cancel()
+    ends = [e[1] for e in await direct.xrange(keys.events) if e[1][b"kind"] == b"end"]
+    assert [(e[b"status"], int(e[b"fence"])) for e in ends] == [
+        (b"COMPLETED", fence),
+        (b"COMPLETED", hb.fence),
+    ]
+
+
+async def _is_set(event: threading.Event) -> bool:
+    return event.is_set()
 
 
 async def test_cancel_replayed_gives_the_same_outcome(replayed: Replayed, ns: str) -> None:

@@ -22,6 +22,7 @@ import redis.asyncio as aioredis
 from starlette.requests import Request
 
 from jobpulse import heartbeat
+from jobpulse._protocol.codec import parse_stream_id
 from jobpulse._protocol.keys import KeySchema
 from jobpulse._provision import RedisServer
 from tests.integration.http_server import ServerThread
@@ -407,13 +408,28 @@ async def test_stream_of_a_dead_worker_ends_with_stale(
     try:
         async with client.stream("GET", "/jobs/doomed/events") as response:
             parser = frames(response)
-            assert (await anext(parser)).event == "start"
+            first = await anext(parser)
+            assert first.event == "start"
             proc.send_signal(signal.SIGKILL)
-            rest = [f async for f in parser]
+            rest = [first, *[f async for f in parser]]
+        # Issue 24 item 7: the verdict has a time and an id of its own, after the last entry,
+        # and a client resuming from it gets no entry again, only the verdict again.
+        stale = rest[-1]
+        resumed = await collect(client, "/jobs/doomed/events", {"last-event-id": str(stale.id)})
     finally:
         stop(proc)
-    assert rest[-1].event == "stale"
-    assert rest[-1].json()["status"] == "STALE"
+    assert stale.event == "stale"
+    data = stale.json()
+    assert (data["status"], data["synthetic"]) == ("STALE", True)
+    real = [f for f in rest[:-1] if f.id is not None]
+    assert real
+    assert stale.id is not None
+    assert stale.id != real[-1].id
+    assert parse_stream_id(stale.id) > parse_stream_id(str(real[-1].id))
+    assert isinstance(data["ts"], float)
+    assert data["ts"] >= real[-1].json()["ts"] + 1.0  # one ttl after the last entry, at least
+    assert [(f.event, f.json()["synthetic"]) for f in resumed] == [("stale", True)]
+    assert parse_stream_id(str(resumed[0].id)) >= parse_stream_id(stale.id)
 
 
 async def test_jobs_lists_running_and_stale_jobs(

@@ -17,7 +17,7 @@ from jobpulse._protocol.scripts import SCRIPTS, evalsha
 from jobpulse._provision import LocalCluster
 from jobpulse.http.app import etag_of
 
-from ..support import eventually, spawn_worker, stop, url_of
+from ..support import eventually, spawn_ready, spawn_worker, stop, url_of
 
 AnyRedis = aioredis.Redis | RedisCluster
 
@@ -316,6 +316,162 @@ async def test_a_replayed_beat_answers_as_written_and_writes_nothing_again(
     older = await calls.run(client, at(seq - 1))
     assert older.code is calls.BeatCode.SEQ_BEHIND  # a seq below the snapshot's is refused
     assert older.snapshot_seq == seq
+
+
+@pytest.mark.parametrize("loss", ["gone", "older"])
+async def test_a_beat_behind_what_landed_answers_resend_everything_and_so_does_its_replay(
+    client: AnyRedis, ns: str, loss: str
+) -> None:
+    """A beat carries the seq its worker knows landed. A snapshot behind it (gone: a restart
+    that lost the data; older: a restart from an older RDB, a promoted replica that missed the
+    last writes) is answered 3 and nothing of the beat is written, so the beat's replay finds
+    the same snapshot and answers 3 too; the beat of every field (landed 0) repairs it."""
+    keys = KeySchema(ns).job("behind")
+    ok = await evalsha(
+        client, SCRIPTS.acquire, keys.all(), ["tok", 60_000, 100, "w", "", "", "", "etl"]
+    )
+    fence, seq = ok[1], ok[3]
+
+    def at(n: int, landed: int, row: int, **more: str) -> calls.Call[calls.BeatReply]:
+        return calls.beat(
+            keys.all(),
+            calls.beat_segment(
+                token="tok",
+                fence=fence,
+                ttl_ms=60_000,
+                seq=n,
+                landed=landed,
+                fields={"done": str(row), "total": "", "stage": "", **more},
+                event=("checkpoint", f'{{"row":{row}}}', 100),
+                pairs=("checkpoint", f'{{"row":{row}}}'),
+            ),
+        )
+
+    assert (await calls.run(client, at(seq + 1, seq, 10))).code is calls.BeatCode.WRITTEN
+    older = await client.dump(keys.state)
+    assert (await calls.run(client, at(seq + 2, seq + 1, 500))).code is calls.BeatCode.WRITTEN
+    if loss == "gone":
+        await client.delete(*keys.all())
+    else:
+        await client.restore(keys.state, 0, older, replace=True)
+    before = await client.hgetall(keys.state)
+    entries = await client.xlen(keys.events)
+
+    first = await calls.run(client, at(seq + 3, seq + 2, 600))
+    again = await calls.run(client, at(seq + 3, seq + 2, 600))  # the client's retry
+    assert first.code is again.code is calls.BeatCode.RESEND_STATIC
+    assert await client.get(keys.lease) == b"tok"  # renewed (re-taken when it was gone)
+    after = await client.hgetall(keys.state)
+    assert after == {**before, b"status": b"RUNNING", b"fence": str(fence).encode()}
+    assert await client.xlen(keys.events) == entries  # no entry either
+
+    full = at(seq + 4, 0, 600, rate="", eta_s="", rss_bytes="", cpu_s="", loop_lag_ms="")
+    assert (await calls.run(client, full)).code is calls.BeatCode.WRITTEN
+    state = await client.hgetall(keys.state)
+    assert (state[b"seq"], state[b"checkpoint"]) == (str(seq + 4).encode(), b'{"row":600}')
+
+
+async def test_a_snapshot_rolled_back_under_a_live_worker_is_repaired(
+    client: AnyRedis, ns: str
+) -> None:
+    """An older snapshot under a live worker (its lease survived: a restart from an older RDB,
+    a promoted replica that missed the last writes) is repaired by the worker's next beats:
+    the checkpoint and stage it wrote come back. Beats carry only changed fields, so they used
+    to leave the older checkpoint for the rest of the run (issue 24, item 2)."""
+    keys = KeySchema(ns).job("rolled")
+    async with heartbeat(client, "rolled", namespace=ns, interval=0.05, ttl=10, kind="etl") as hb:
+        hb.set_stage("load")
+        await hb.checkpoint(row=10)
+        older = await client.dump(keys.state)
+        hb.set_stage("crunch")
+        await hb.checkpoint(row=500)
+        await client.restore(keys.state, 0, older, replace=True)
+        assert await client.hget(keys.state, "checkpoint") == b'{"row":10}'
+        await eventually(lambda: _holds(client, keys.state, "checkpoint", b'{"row":500}'))
+        assert await client.hget(keys.state, "stage") == b"crunch"
+        assert await client.hget(keys.state, "kind") == b"etl"
+        assert hb.statistics().lease == "held"
+    kinds = [e[1][b"kind"] for e in await client.xrange(keys.events)]
+    assert [k for k in kinds if k not in (b"beat", b"stage")] == [
+        b"start",
+        b"checkpoint",
+        b"checkpoint",
+        b"end",
+    ]
+
+
+async def test_a_worker_that_dies_after_a_rollback_is_resumed_from_its_latest_checkpoint(
+    client: AnyRedis, ns: str
+) -> None:
+    """The consequence of issue 24 item 2 with a real worker process: its snapshot rolled back
+    to an older checkpoint, the worker repairs it, then is SIGKILLed. The sweeper's StaleJob
+    and the next attempt's ``resume_from`` carry the checkpoint the worker saw written."""
+    keys = KeySchema(ns).job("resumed")
+    proc = spawn_ready(
+        "tests.integration.checkpoint_proc", url_of(client), ns, "resumed", "1.0", stdin=True
+    )
+    try:
+        assert proc.stdin is not None
+        assert proc.stdout is not None
+        older = await client.dump(keys.state)
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+        assert await asyncio.to_thread(proc.stdout.readline) == "checkpointed\n"
+        await client.restore(keys.state, 0, older, replace=True)
+        await eventually(lambda: _holds(client, keys.state, "checkpoint", b'{"row":500}'))
+    finally:
+        stop(proc)
+    job = await _claim(Sweeper(client, namespace=ns))
+    assert (job.job_id, job.checkpoint) == ("resumed", {"row": 500})
+    async with heartbeat(client, "resumed", namespace=ns, interval=0.2, ttl=2) as hb:
+        assert (hb.attempt, hb.resume_from) == (2, {"row": 500})
+
+
+async def _holds(client: AnyRedis, key: str, field: str, value: bytes) -> bool:
+    return bool(await client.hget(key, field) == value)
+
+
+# -- 9. a final write retried after a new attempt (the proxy test is in test_replay.py) -----------
+
+
+async def test_a_final_write_replayed_after_new_attempts_answers_already_ended(
+    client: AnyRedis, ns: str
+) -> None:
+    """finish.lua run again after the job id was started again (and even ended again) answers
+    "already ended": the end entry of its fence is in the stream. A worker whose job was taken
+    from it without an end of its own is still told so."""
+    keys = KeySchema(ns).job("fin")
+
+    async def acquire(token: str) -> list[int]:
+        reply = await evalsha(
+            client, SCRIPTS.acquire, keys.all(), [token, 60_000, 100, "w", "", "", "", ""]
+        )
+        assert reply[0] == 1
+        return [int(x) for x in reply[1:4]]
+
+    def finish(token: str, fence: int, seq: int) -> calls.Call[calls.FinishCode]:
+        args = [token, fence, 60_000, seq, "COMPLETED", "", 100, 60_000, ""]
+        return calls.finish(keys.all(), [*args, "1", "1", "", "", "", "", "", "0"])
+
+    fence_a, _, seq_a = await acquire("tokA")
+    a = finish("tokA", fence_a, seq_a + 1)
+    assert await calls.run(client, a) is calls.FinishCode.WRITTEN
+    fence_b, attempt_b, seq_b = await acquire("tokB")
+    assert attempt_b == 2
+    assert await calls.run(client, a) is calls.FinishCode.ALREADY_ENDED  # B is running
+    assert await client.get(keys.lease) == b"tokB"
+    assert await calls.run(client, finish("tokB", fence_b, seq_b + 1)) is calls.FinishCode.WRITTEN
+    assert await calls.run(client, a) is calls.FinishCode.ALREADY_ENDED  # B ended too
+    await acquire("tokC")
+    assert await calls.run(client, a) is calls.FinishCode.ALREADY_ENDED  # C is running
+
+    # C's lease and liveness expire and D starts: C never wrote an end, so it is taken over
+    fence_c = int(await client.hget(keys.state, "fence"))
+    await client.delete(keys.lease, keys.alive)
+    await acquire("tokD")
+    taken = await calls.run(client, finish("tokC", fence_c, 99))
+    assert taken is calls.FinishCode.TAKEN_OVER
+    assert await client.hget(keys.state, "status") == b"RUNNING"
 
 
 async def test_many_jobs_enter_at_once_on_a_cluster_client_never_initialised(

@@ -4,6 +4,7 @@ as the asyncio shell, one beat thread per client, and the sync reader."""
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -17,9 +18,11 @@ import redis.cluster
 import jobpulse
 from jobpulse import JobBusy, JobCancelled, JobState, LeaseLost, LeaseLostCause
 from jobpulse._protocol import calls
+from jobpulse._protocol.codec import parse_stream_id
 from jobpulse._protocol.keys import KeySchema
 from jobpulse.sync import StatusReader, heartbeat
 
+from ..support import spawn_ready, stop
 from . import work
 
 
@@ -188,6 +191,31 @@ def test_sync_reader_get_wait_and_watch(sync_client: redis.Redis, ns: str) -> No
     kinds = [event.kind for event in reader.watch("r1")]
     assert kinds[0] == "start"
     assert kinds[-1] == "end"
+
+
+def test_sync_watch_of_a_killed_worker_ends_with_a_resumable_stale_verdict(
+    sync_client: redis.Redis, redis_url: str, ns: str
+) -> None:
+    """The sync reader's synthetic ``stale`` has a time (the verdict's) and an id of its own,
+    after every entry of the stream: resuming from it repeats no entry."""
+    worker = spawn_ready("tests.integration.worker_proc", redis_url, ns, "killed", "1.0")
+    try:
+        worker.send_signal(signal.SIGKILL)
+        worker.wait()
+    finally:
+        stop(worker)
+    reader = StatusReader(sync_client, namespace=ns, cache_ttl=0.0, watch_block=0.2)
+    events = list(reader.watch("killed"))
+    real = [eid.decode() for eid, _ in sync_client.xrange(KeySchema(ns).job("killed").events)]
+    assert [e.id for e in events[:-1]] == real
+    last = events[-1]
+    assert (last.kind, last.status, last.synthetic) == ("stale", "STALE", True)
+    assert parse_stream_id(last.id) > parse_stream_id(real[-1])
+    assert last.ts is not None
+    assert events[-2].ts is not None
+    assert last.ts >= events[-2].ts + 1.0  # at least one ttl after the last entry
+    (again,) = list(reader.watch("killed", last_event_id=last.id))
+    assert (again.kind, again.synthetic) == ("stale", True)
 
 
 @pytest.mark.xdist_group("cpu")  # burners never overlap on parallel workers (README)

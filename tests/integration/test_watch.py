@@ -12,6 +12,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
 from jobpulse import Event, JobState, ProtocolError, StatusReader, heartbeat
+from jobpulse._protocol.codec import parse_stream_id
 from jobpulse._protocol.keys import KeySchema
 from jobpulse._protocol.scripts import SCRIPTS, evalsha
 from jobpulse._provision import LocalCluster, RedisServer
@@ -102,7 +103,8 @@ async def test_resume_exactly_after_an_event_id(client: AnyRedis, ns: str) -> No
         # Resuming after the terminal entry: nothing is left, the liveness check ends the watch.
         (after_end,) = await collect(reader, "r", last=ids[-1])
         assert (after_end.kind, after_end.status, after_end.synthetic) == ("end", "COMPLETED", True)
-        assert after_end.id == ids[-1]
+        assert parse_stream_id(after_end.id) > parse_stream_id(ids[-1])
+        assert after_end.ts is not None
 
 
 async def test_watchers_of_many_jobs_share_one_xread_connection(
@@ -237,11 +239,21 @@ async def test_dead_worker_ends_the_watch_with_a_synthetic_stale_event(
         os.kill(pid, signal.SIGKILL)
         events = await asyncio.wait_for(watching, 60)
         status = await waiting
+        # Resuming from the verdict's own id: no entry again, the verdict again (the job is
+        # still STALE), with an id not below the first one.
+        (again,) = await asyncio.wait_for(collect(reader, "dies", last=events[-1].id), 60)
     real = await stream_ids(client, ns, "dies")
     assert [e.id for e in events[:-1]] == real
     last = events[-1]
     assert (last.kind, last.status, last.synthetic, last.terminal) == ("stale", "STALE", True, True)
-    assert last.id == real[-1]  # resuming from it loses nothing
+    # An id of its own, after every entry of the stream; a time of its own: the verdict's,
+    # at least one ttl (1 s) after the worker's last entry, read from the server's clock.
+    assert parse_stream_id(last.id) > parse_stream_id(real[-1])
+    assert last.ts is not None
+    assert events[-2].ts is not None
+    assert last.ts >= events[-2].ts + 1.0
+    assert (again.kind, again.synthetic) == ("stale", True)
+    assert parse_stream_id(again.id) >= parse_stream_id(last.id)
     assert status.state is JobState.STALE
 
 

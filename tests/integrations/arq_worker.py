@@ -1,9 +1,10 @@
 """An arq worker process for the tests: ``python -m tests.integrations.arq_worker URL QUEUE
-NAMESPACE MODE FUNCTION`` where MODE is ``jobpulse`` (instrumented, interval 0.25 s, ttl 1 s) or
-``plain``, and FUNCTION the one task it runs (arq 0.25 cannot take ``job_timeout=None`` with
-more than one function: it compares their None timeouts). Prints ``ready`` once the worker
-starts; every task INCRs ``<QUEUE>:runs:<job id>`` when it starts, so the tests count
-executions."""
+NAMESPACE MODE FUNCTION`` where MODE is ``jobpulse`` (instrumented, interval 0.25 s, ttl 1 s),
+``jobpulse-slow-finish`` (the same, with an ``on_job_end`` hook that takes 0.5 s: arq stores the
+result after it) or ``plain``, and FUNCTION the one task it runs (arq 0.25 cannot take
+``job_timeout=None`` with more than one function: it compares their None timeouts). Prints
+``ready`` once the worker starts; every task INCRs ``<QUEUE>:runs:<job id>`` when it starts, so
+the tests count executions."""
 
 from __future__ import annotations
 
@@ -77,7 +78,13 @@ class WorkerSettings:
     on_startup = _ready
 
 
-if MODE == "jobpulse":
+async def _slow(ctx: dict[str, Any]) -> None:
+    await asyncio.sleep(0.5)
+
+
+if MODE == "jobpulse-slow-finish":
+    WorkerSettings.on_job_end = _slow  # type: ignore[attr-defined]
+if MODE.startswith("jobpulse"):
     instrument(WorkerSettings, interval=0.25, ttl=1.0, namespace=NAMESPACE)
 else:
     WorkerSettings.allow_abort_jobs = True  # type: ignore[attr-defined]

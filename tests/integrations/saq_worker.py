@@ -1,6 +1,8 @@
 """A SAQ worker process for the tests: ``python -m tests.integrations.saq_worker URL QUEUE
-NAMESPACE MODE SWEEP`` where MODE is ``jobpulse`` (instrumented, interval 0.25 s, ttl 1 s) or
-``plain`` and SWEEP the seconds between SAQ's sweeps (its abort check runs every second).
+NAMESPACE MODE SWEEP`` where MODE is ``jobpulse`` (instrumented, interval 0.25 s, ttl 1 s),
+``jobpulse-slow-finish`` (the same, on a queue whose ``finish`` waits 0.5 s before it stores the
+outcome, as over a slow link) or ``plain``, and SWEEP the seconds between SAQ's sweeps (its abort
+check runs every second).
 
 Prints ``ready`` once the worker's first sweep has run. SAQ 0.26 moves a job to its active list
 and marks it ACTIVE a few round trips later; a sweep in between takes it for stuck (status not
@@ -15,7 +17,11 @@ import sys
 import time
 from typing import Any
 
+import redis
+import redis.asyncio as aioredis
 from saq import Queue, Worker
+from saq.job import Job, Status
+from saq.queue.redis import RedisQueue
 
 import jobpulse
 from jobpulse.integrations.saq import instrument
@@ -73,10 +79,52 @@ def threaded(ctx: dict[str, Any], *, n: int) -> int:
     return n
 
 
+def _mark(ctx: dict[str, Any], what: str) -> None:
+    """RPUSH ``what@<wall clock ms>`` to ``<QUEUE>:marks:<job key>`` (from a task's thread)."""
+    with redis.Redis.from_url(URL) as r:
+        r.rpush(f"{QUEUE}:marks:{ctx['job'].key}", f"{what}@{int(time.time() * 1000)}")
+
+
+def orphan(ctx: dict[str, Any], *, seconds: float) -> str:
+    """A plain ``def`` body that outlives its lease: once the job must stop it waits 0.5 s (more
+    than one claim refresh may take), marks ``lost``, then goes on for ``seconds`` and marks
+    ``ended``."""
+    hb = jobpulse.current()
+    assert hb is not None
+    _mark(ctx, "start")
+    while not hb.progress.cancelled:
+        time.sleep(0.01)
+    time.sleep(0.5)
+    _mark(ctx, "lost")
+    time.sleep(seconds)
+    _mark(ctx, "ended")
+    return "orphan"
+
+
+def step(ctx: dict[str, Any], *, first: float, later: float) -> str:
+    """A plain ``def`` body of one step (``first`` seconds on attempt 1, ``later`` after; no
+    check() inside the step), then ``check()``; marks ``start`` and ``end``."""
+    hb = jobpulse.current()
+    assert hb is not None
+    _mark(ctx, "start")
+    time.sleep(first if hb.attempt == 1 else later)
+    _mark(ctx, "end")
+    hb.progress.check()
+    return "stepped"
+
+
 async def probe(ctx: dict[str, Any]) -> str:
     """What ``jobpulse.current()`` is inside a task."""
     await _count(ctx)
     return "none" if jobpulse.current() is None else "heartbeat"
+
+
+class SlowFinishQueue(RedisQueue):
+    """A Redis queue whose ``finish`` stores the outcome 0.5 s late."""
+
+    async def finish(self, job: Job, status: Status, **kwargs: Any) -> None:
+        await asyncio.sleep(0.5)
+        await super().finish(job, status, **kwargs)
 
 
 async def _ready_after_first_sweep(queue: Queue) -> None:
@@ -87,12 +135,16 @@ async def _ready_after_first_sweep(queue: Queue) -> None:
 
 async def main() -> None:
     settings: dict[str, Any] = {
-        "queue": Queue.from_url(URL, name=QUEUE),
-        "functions": [progress, sleeper, resumable, threaded, probe],
+        "queue": (
+            SlowFinishQueue(aioredis.Redis.from_url(URL), name=QUEUE)
+            if MODE == "jobpulse-slow-finish"
+            else Queue.from_url(URL, name=QUEUE)
+        ),
+        "functions": [progress, sleeper, resumable, threaded, orphan, step, probe],
         "concurrency": 4,
         "timers": {"sweep": int(SWEEP), "abort": 1, "schedule": 1},
     }
-    if MODE == "jobpulse":
+    if MODE.startswith("jobpulse"):
         settings = instrument(settings, interval=0.25, ttl=1.0, namespace=NAMESPACE)
     worker = Worker(**settings)
     await worker.queue.connect()

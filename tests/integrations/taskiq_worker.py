@@ -1,16 +1,22 @@
 """A taskiq worker process for the tests: ``python -m tests.integrations.taskiq_worker URL QUEUE
-NAMESPACE MODE IDLE_MS`` where MODE is ``jobpulse`` (instrumented, interval 0.25 s, ttl 1 s) or
-``plain``, on a taskiq-redis ``RedisStreamBroker`` of stream QUEUE whose ``idle_timeout`` is
-IDLE_MS. Prints ``ready`` once its consumer group exists. Every task INCRs the counter key it is
-given when it starts, so the tests count executions."""
+NAMESPACE MODE IDLE_MS [MAX_TASKS]`` where MODE is ``jobpulse`` (instrumented, interval 0.25 s,
+ttl 1 s), ``jobpulse-slow-finish`` (the same, with a result backend that saves 0.5 s late) or
+``plain``, on a taskiq-redis ``RedisStreamBroker`` of stream QUEUE whose
+``idle_timeout`` is IDLE_MS, running at most MAX_TASKS tasks at once (taskiq's default, 100,
+when not given; the broker's read-ahead, ``xread_count``, stays at its default). Prints ``ready``
+once its consumer group exists. Every task INCRs the counter key it is given when it starts, so
+the tests count executions."""
 
 from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from typing import Any
 
+import redis
 import redis.asyncio as aioredis
+from taskiq import TaskiqResult
 from taskiq.api import run_receiver_task
 from taskiq_redis import RedisAsyncResultBackend, RedisStreamBroker
 
@@ -18,11 +24,22 @@ import jobpulse
 from jobpulse.integrations.taskiq import instrument
 
 URL, QUEUE, NAMESPACE, MODE, IDLE_MS = sys.argv[1:6]
+MAX_TASKS = int(sys.argv[6]) if len(sys.argv) > 6 else 100
 
+
+class SlowResultBackend(RedisAsyncResultBackend[Any]):
+    """Saves each result 0.5 s late."""
+
+    async def set_result(self, task_id: str, result: TaskiqResult[Any]) -> None:
+        await asyncio.sleep(0.5)
+        await super().set_result(task_id, result)
+
+
+backend = SlowResultBackend if MODE == "jobpulse-slow-finish" else RedisAsyncResultBackend
 broker = RedisStreamBroker(
     URL, queue_name=QUEUE, idle_timeout=int(IDLE_MS), xread_block=200
-).with_result_backend(RedisAsyncResultBackend(URL, prefix_str=QUEUE, result_ex_time=600))
-if MODE == "jobpulse":
+).with_result_backend(backend(URL, prefix_str=QUEUE, result_ex_time=600))
+if MODE.startswith("jobpulse"):
     instrument(broker, interval=0.25, ttl=1.0, namespace=NAMESPACE)
 
 _counter: list[aioredis.Redis] = []
@@ -56,6 +73,32 @@ async def sleeper(counter: str, seconds: float) -> str:
     return "slept"
 
 
+@broker.task(task_name="gated")
+async def gated(counter: str, gate: str, after: float) -> str:
+    """Runs until the key ``gate`` exists, then ``after`` seconds more."""
+    await _count(counter)
+    while not await _counter[0].exists(gate):
+        await asyncio.sleep(0.02)
+    await asyncio.sleep(after)
+    return "opened"
+
+
+@broker.task(task_name="orphan")
+def orphan(counter: str, lost: str, ended: str, seconds: float) -> str:
+    """A plain ``def`` body that outlives its lease: once the job must stop it sets ``lost``,
+    goes on for ``seconds``, then sets ``ended``."""
+    hb = jobpulse.current()
+    assert hb is not None
+    with redis.Redis.from_url(URL) as r:
+        r.incr(counter)
+        while not hb.progress.cancelled:
+            time.sleep(0.01)
+        r.set(lost, 1)
+        time.sleep(seconds)
+        r.set(ended, 1)
+    return "orphan"
+
+
 @broker.task(task_name="resumable")
 async def resumable(counter: str, marker: str) -> Any:
     """First attempt: checkpoint, then run until killed. A later attempt returns resume_from."""
@@ -81,7 +124,7 @@ async def main() -> None:
     broker.is_worker_process = True
     await broker.startup()
     print("ready", flush=True)
-    await run_receiver_task(broker, run_startup=False)
+    await run_receiver_task(broker, run_startup=False, max_async_tasks=MAX_TASKS)
 
 
 if __name__ == "__main__":

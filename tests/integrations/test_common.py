@@ -10,8 +10,17 @@ import threading
 
 import pytest
 
+from jobpulse import JobState
 from jobpulse.integrations import PulseOptions, job_id_for, kind_for
-from jobpulse.integrations._common import keep_claim, keep_claim_sync, refresh_delays
+from jobpulse.integrations._common import (
+    ClaimHold,
+    HolderView,
+    holder_alive,
+    keep_claim,
+    keep_claim_sync,
+    refresh_delays,
+    run_in_thread,
+)
 from tests.support import eventually
 
 VALID = re.compile(r"[A-Za-z0-9._\-:/]{1,200}")
@@ -113,3 +122,68 @@ def test_the_sync_keeper_refreshes_while_held_and_watches_to_the_end() -> None:
         for _ in range(3):
             assert watched.acquire(timeout=5)
         assert calls.count("refresh") == count
+
+
+def test_a_claim_is_refreshed_only_while_the_lease_is_held_and_never_again_after() -> None:
+    hold = ClaimHold()
+    assert [hold.ask(held) for held in (True, True, False, True)] == [True, True, False, False]
+    assert ClaimHold(False).ask(True) is False  # nothing to keep
+
+
+async def test_the_keeper_stops_refreshing_once_the_lease_is_not_held() -> None:
+    calls: list[int] = []
+    held = True
+
+    async def refresh() -> None:
+        calls.append(1)
+
+    async def refreshed(n: int) -> bool:
+        return len(calls) >= n
+
+    async with keep_claim(refresh, 0.01, job_id="j", holds=lambda: held):
+        await eventually(lambda: refreshed(2), within=5)
+        held = False
+        seen = len(calls)
+        await asyncio.sleep(0.1)  # ten periods: none refreshes
+        assert len(calls) == seen
+
+
+RUNNING = HolderView(JobState.RUNNING, 7, 1000)
+
+
+@pytest.mark.parametrize(
+    ("now", "alive"),
+    [
+        (RUNNING, False),  # not a beat since: a dead worker whose lease has not expired yet
+        (HolderView(JobState.STALE, 7, 1000), False),
+        (HolderView(JobState.RUNNING, 7, 1250), True),  # it beat: alive
+        (HolderView(JobState.COMPLETED, 7, 1250), True),  # it ended its run: it was alive
+        (HolderView(JobState.FAILED, 7, 1000), True),
+        (HolderView(JobState.CANCELLED, 7, 1000), True),
+        (HolderView(JobState.RUNNING, 8, 2000), True),  # a newer attempt runs
+        (HolderView(JobState.LOST, 8, 1000), False),  # a sweeper took it over: resume it
+        (HolderView(JobState.UNKNOWN, None, None), False),  # nothing holds it now
+    ],
+)
+def test_a_duplicate_waits_only_for_a_holder_that_is_not_alive(
+    now: HolderView, alive: bool
+) -> None:
+    assert holder_alive(RUNNING, now) is alive
+
+
+def test_a_holder_seen_ended_at_the_first_look_is_alive() -> None:
+    ended = HolderView(JobState.COMPLETED, 7, 1000)
+    assert holder_alive(ended, ended)
+
+
+async def test_a_thread_outlives_every_cancel_of_its_task() -> None:
+    release = threading.Event()
+    task = asyncio.get_running_loop().create_task(run_in_thread(release.wait, 5))
+    await asyncio.sleep(0.02)
+    for _ in range(3):  # a queue cancels again while the thread runs (SAQ, anyio scopes)
+        task.cancel()
+        await asyncio.sleep(0.02)
+        assert not task.done()
+    release.set()
+    with pytest.raises(asyncio.CancelledError):
+        await task

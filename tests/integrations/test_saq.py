@@ -14,7 +14,8 @@ import redis.asyncio as aioredis
 from saq import Queue
 from saq.job import Job, Status
 
-from jobpulse import JobState, StatusReader, request_cancel
+from jobpulse import JobState, JobStatus, StatusReader, request_cancel
+from jobpulse._protocol.keys import KeySchema
 from jobpulse.integrations.saq import ABORT_ERROR
 from tests.support import eventually
 
@@ -56,6 +57,16 @@ async def _ended(queue: Queue, key: str, within: float = 15) -> Job:
     return await eventually(ended, within=within)
 
 
+async def _jobpulse_end(reader: StatusReader, job_id: str) -> JobStatus:
+    """jobpulse's end of the job: written after SAQ stored its outcome, so wait for it."""
+
+    async def ended() -> JobStatus | None:
+        status = await reader.get(job_id)
+        return status if status.state.is_terminal else None
+
+    return await eventually(ended, within=5)
+
+
 async def _enqueue(queue: Queue, key: str, fn: str, **kwargs: Any) -> Job:
     job = await queue.enqueue(fn, key=key, timeout=0, **kwargs)
     assert job is not None
@@ -83,7 +94,7 @@ async def test_progress_is_live_then_completed_and_saq_keeps_its_result(
 
     ended = await _ended(queue, job.key)
     assert (ended.status, ended.result) == (Status.COMPLETE, {"items": 40, "job": job.key})
-    done = await reader.get(job.id)
+    done = await _jobpulse_end(reader, job.id)
     assert (done.state, done.done, done.attempt) == (JobState.COMPLETED, 40, 1)
     assert await _runs(redis, queue.name, job.key) == 1
 
@@ -96,7 +107,7 @@ async def test_a_def_task_runs_in_a_thread_with_current_set(
     job = await _enqueue(queue, f"{ns}-1", "threaded", n=20)
     ended = await _ended(queue, job.key)
     assert (ended.status, ended.result) == (Status.COMPLETE, 20)
-    done = await reader.get(job.id)
+    done = await _jobpulse_end(reader, job.id)
     assert (done.state, done.done, done.kind) == (JobState.COMPLETED, 20, "threaded")
 
 
@@ -149,7 +160,7 @@ async def test_a_killed_workers_job_is_stale_within_ttl_then_resumed_once(
     assert ended.status is Status.COMPLETE
     assert ended.result == {"resumed_from": {"step": 5}, "attempt": 2}
     assert await _runs(redis, queue.name, job.key) == 2
-    final = await reader.get(job.id)
+    final = await _jobpulse_end(reader, job.id)
     assert (final.state, final.attempt) == (JobState.COMPLETED, 2)
 
 
@@ -219,3 +230,93 @@ async def test_without_the_integration_tasks_run_and_current_is_none(
     ended = await _ended(queue, job.key)
     assert (ended.status, ended.result) == (Status.COMPLETE, "none")
     assert (await reader.get(job.id)).state is JobState.UNKNOWN
+
+
+async def _marks(redis: aioredis.Redis, queue: str, key: str) -> list[tuple[str, int]]:
+    """The ``(what, wall clock ms)`` marks the job's bodies wrote, in order."""
+    raw = await redis.lrange(f"{queue}:marks:{key}", 0, -1)
+    return [(what, int(ms)) for what, ms in (m.decode().split("@") for m in raw)]
+
+
+async def test_an_orphaned_def_body_never_keeps_the_claim_after_its_lease_is_lost(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    redis: aioredis.Redis,
+    queues: Callable[[str], Queue],
+    reader: StatusReader,
+) -> None:
+    # Another attempt takes the lease over; the worker's next beat learns it (LeaseLost): the
+    # def body's thread cannot be stopped and runs 2 s more. SAQ's touched time (the claim)
+    # must not move from then on, while the thread runs.
+    queue = queues(f"{ns}-q")
+    spawn(WORKER, redis_url, queue.name, ns, "jobpulse", "60")
+    job = await _enqueue(queue, f"{ns}-1", "orphan", seconds=2.0)
+
+    async def running() -> bool:
+        return (await reader.get(job.id)).state is JobState.RUNNING
+
+    await eventually(running, within=10)
+    await redis.set(KeySchema(ns).job(job.id).lease, "another-attempt", px=30_000)
+
+    touched: list[int] = []
+
+    async def thread_ended() -> bool:
+        marks = dict(await _marks(redis, queue.name, job.key))
+        if "ended" in marks:
+            return True
+        stored = await queue.job(job.key)
+        assert stored is not None
+        touched.append(stored.touched)
+        return False
+
+    await eventually(thread_ended, within=15)
+    marks = dict(await _marks(redis, queue.name, job.key))
+    assert touched  # sampled while the orphaned thread ran
+    assert max(touched) <= marks["lost"]
+
+
+async def test_a_def_body_past_saqs_timeout_never_overlaps_the_retry(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    redis: aioredis.Redis,
+    queues: Callable[[str], Queue],
+    reader: StatusReader,
+) -> None:
+    # timeout=2 cancels the first attempt during its 3.5 s step; SAQ cancels it again at once
+    # and waits up to its 1 s hard deadline, then retries. The cancelled run's heartbeat (and
+    # lease) must live until its thread returns, and the retry (a 0.1 s step) start after.
+    queue = queues(f"{ns}-q")
+    spawn(WORKER, redis_url, queue.name, ns, "jobpulse", "60")
+    job = await queue.enqueue("step", key=f"{ns}-1", first=3.5, later=0.1, timeout=2, retries=2)
+    assert job is not None
+
+    ended = await _ended(queue, job.key, within=20)
+    assert (ended.status, ended.result, ended.attempts) == (Status.COMPLETE, "stepped", 2)
+    marks = [what for what, _ in await _marks(redis, queue.name, job.key)]
+    assert marks == ["start", "end", "start", "end"]  # run 2 started after run 1's thread ended
+    done = await _jobpulse_end(reader, job.id)
+    assert (done.state, done.attempt) == (JobState.COMPLETED, 2)
+
+
+async def test_jobpulses_end_is_written_after_saqs_own_outcome(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    queues: Callable[[str], Queue],
+    reader: StatusReader,
+) -> None:
+    # SAQ stores COMPLETE 0.5 s after the function returned (slow finish): whoever sees
+    # jobpulse's COMPLETED and then reads SAQ finds SAQ's COMPLETE and the result already.
+    queue = queues(f"{ns}-q")
+    spawn(WORKER, redis_url, queue.name, ns, "jobpulse-slow-finish", "60")
+    job = await _enqueue(queue, f"{ns}-1", "progress", n=5)
+
+    async def completed() -> bool:
+        return (await reader.get(job.id)).state is JobState.COMPLETED
+
+    await eventually(completed, within=15)
+    stored = await queue.job(job.key)
+    assert stored is not None
+    assert (stored.status, stored.result) == (Status.COMPLETE, {"items": 5, "job": job.key})

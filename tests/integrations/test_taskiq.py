@@ -17,7 +17,8 @@ from taskiq import AsyncTaskiqTask, TaskiqResult
 from taskiq.kicker import AsyncKicker
 from taskiq_redis import RedisAsyncResultBackend, RedisStreamBroker
 
-from jobpulse import JobCancelled, JobState, StatusReader, request_cancel
+from jobpulse import JobCancelled, JobState, JobStatus, StatusReader, request_cancel
+from jobpulse._protocol.keys import KeySchema
 from tests.support import eventually
 
 pytestmark = pytest.mark.usefixtures("queue_keys")
@@ -57,6 +58,16 @@ def reader(redis: aioredis.Redis, ns: str) -> StatusReader:
 
 async def _runs(redis: aioredis.Redis, key: str) -> int:
     return int(await redis.get(key) or 0)
+
+
+async def _jobpulse_end(reader: StatusReader, task_id: str) -> JobStatus:
+    """jobpulse's end of the task: written after taskiq saved its result, so wait for it."""
+
+    async def ended() -> JobStatus | None:
+        status = await reader.get(task_id)
+        return status if status.state.is_terminal else None
+
+    return await eventually(ended, within=5)
 
 
 async def _result_nudging(
@@ -99,7 +110,7 @@ async def test_progress_is_live_then_completed_and_taskiq_keeps_its_result(
 
     result = await task.wait_result(timeout=15)
     assert (result.is_err, result.return_value) == (False, {"items": 40})
-    done = await reader.get(task.task_id)
+    done = await _jobpulse_end(reader, task.task_id)
     assert (done.state, done.done, done.attempt) == (JobState.COMPLETED, 40, 1)
     assert await _runs(redis, counter) == 1
 
@@ -155,7 +166,7 @@ async def test_a_killed_workers_task_is_stale_within_ttl_then_resumed_once(
     result = await _result_nudging(task, kick, counter=f"{ns}:probes")
     assert result.return_value == {"resumed_from": {"step": 5}, "attempt": 2}
     assert await _runs(redis, counter) == 2
-    final = await reader.get(task.task_id)
+    final = await _jobpulse_end(reader, task.task_id)
     assert (final.state, final.attempt) == (JobState.COMPLETED, 2)
 
 
@@ -199,3 +210,171 @@ async def test_without_the_integration_tasks_run_and_current_is_none(
     result = await task.wait_result(timeout=10)
     assert result.return_value == "none"
     assert (await reader.get(task.task_id)).state is JobState.UNKNOWN
+
+
+async def _pending_by_consumer(redis: aioredis.Redis, stream: str) -> dict[str, int]:
+    """How many entries of the stream's consumer group are pending, per consumer."""
+    summary = await redis.xpending(stream, "taskiq")
+    return {c["name"].decode(): int(c["pending"]) for c in summary["consumers"] or []}
+
+
+async def test_entries_read_ahead_while_a_slot_is_busy_run_once(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    redis: aioredis.Redis,
+    kicker: Callable[[str], Awaitable[Kick]],
+) -> None:
+    # One slot (max_async_tasks=1) and taskiq-redis's default read-ahead (xread_count=100): the
+    # first worker holds t1's entry while t0 runs. idle_timeout=1000 ms; a second worker's reads
+    # XAUTOCLAIM entries idle that long. Every delivery the first worker holds stays fresh.
+    queue = f"{ns}-q"
+    spawn(WORKER, redis_url, queue, ns, "jobpulse", "1000", "1")
+    kick = await kicker(queue)
+    t0 = await kick("sleeper", f"{ns}:t0", 3)
+    t1 = await kick("sleeper", f"{ns}:t1", 1)
+
+    async def both_held_by_one_consumer() -> bool:
+        return sorted((await _pending_by_consumer(redis, queue)).values()) == [2]
+
+    await eventually(both_held_by_one_consumer, within=5)
+    spawn(WORKER, redis_url, queue, ns, "jobpulse", "1000")
+
+    for task in (t0, t1):
+        result = await _result_nudging(task, kick, counter=f"{ns}:probes")
+        assert (result.is_err, result.return_value) == (False, "slept")
+
+    async def all_acknowledged() -> bool:
+        return sum((await _pending_by_consumer(redis, queue)).values()) == 0
+
+    await eventually(all_acknowledged, within=5)
+    assert (await _runs(redis, f"{ns}:t0"), await _runs(redis, f"{ns}:t1")) == (1, 1)
+
+
+async def test_a_duplicate_delivery_of_a_live_task_never_runs_its_body(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    redis: aioredis.Redis,
+    kicker: Callable[[str], Awaitable[Kick]],
+    reader: StatusReader,
+) -> None:
+    # A second message with the same task id while the first runs. The first run ends 1 s after
+    # the gate opens, inside the ttl + interval (1.25 s) a duplicate used to wait for ANY holder
+    # (it then took the free lease and ran the whole task again, attempt 2).
+    queue, counter, gate = f"{ns}-q", f"{ns}:runs", f"{ns}:gate"
+    spawn(WORKER, redis_url, queue, ns, "jobpulse", "60000")
+    kick = await kicker(queue)
+    first = await kick("gated", counter, gate, 1.0)
+
+    async def running() -> bool:
+        return (await reader.get(first.task_id)).state is JobState.RUNNING
+
+    await eventually(running, within=10)
+    broker = RedisStreamBroker(redis_url, queue_name=queue)
+    await broker.startup()
+    try:
+        kicker_of = AsyncKicker(task_name="gated", broker=broker, labels={})
+        await kicker_of.with_task_id(first.task_id).kiq(counter, gate, 1.0)
+    finally:
+        await broker.shutdown()
+
+    async def both_delivered() -> bool:
+        return sum((await _pending_by_consumer(redis, queue)).values()) == 2
+
+    await eventually(both_delivered, within=5)
+    await redis.set(gate, 1)
+
+    async def all_acknowledged() -> bool:
+        return sum((await _pending_by_consumer(redis, queue)).values()) == 0
+
+    await eventually(all_acknowledged, within=10)
+    assert await _runs(redis, counter) == 1
+    done = await reader.get(first.task_id)
+    assert (done.state, done.attempt) == (JobState.COMPLETED, 1)
+
+
+async def test_a_killed_workers_read_ahead_entries_are_handed_on_and_run_once(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    redis: aioredis.Redis,
+    kicker: Callable[[str], Awaitable[Kick]],
+    reader: StatusReader,
+) -> None:
+    # The keeper lives in the worker: once it is killed, neither the running task's entry nor
+    # the one it read ahead is refreshed, and another worker runs each once.
+    queue, marker = f"{ns}-q", f"{ns}:checkpointed"
+    first = spawn(WORKER, redis_url, queue, ns, "jobpulse", "1500", "1")
+    kick = await kicker(queue)
+    t0 = await kick("resumable", f"{ns}:t0", marker)
+    t1 = await kick("sleeper", f"{ns}:t1", 0.1)
+
+    async def both_held_by_one_consumer() -> bool:
+        return sorted((await _pending_by_consumer(redis, queue)).values()) == [2]
+
+    await eventually(lambda: redis.exists(marker), within=10)
+    await eventually(both_held_by_one_consumer, within=5)
+    os.kill(first.pid, signal.SIGKILL)
+    first.wait()
+
+    spawn(WORKER, redis_url, queue, ns, "jobpulse", "1500")
+    for task in (t0, t1):
+        result = await _result_nudging(task, kick, counter=f"{ns}:probes")
+        assert not result.is_err
+    assert (await _runs(redis, f"{ns}:t0"), await _runs(redis, f"{ns}:t1")) == (2, 1)
+    assert (await _jobpulse_end(reader, t0.task_id)).attempt == 2
+
+
+async def test_jobpulses_end_is_written_after_taskiqs_own_result(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    kicker: Callable[[str], Awaitable[Kick]],
+    reader: StatusReader,
+) -> None:
+    # The result backend saves 0.5 s after the task returned: whoever sees jobpulse's
+    # COMPLETED and then reads taskiq finds the result already.
+    queue = f"{ns}-q"
+    spawn(WORKER, redis_url, queue, ns, "jobpulse-slow-finish", "60000")
+    kick = await kicker(queue)
+    task = await kick("progress", f"{ns}:runs", 5)
+
+    async def completed() -> bool:
+        return (await reader.get(task.task_id)).state is JobState.COMPLETED
+
+    await eventually(completed, within=15)
+    assert await task.is_ready()
+    result = await task.get_result()
+    assert (result.is_err, result.return_value) == (False, {"items": 5})
+
+
+async def test_the_entry_of_a_task_that_lost_its_lease_is_no_longer_refreshed(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    redis: aioredis.Redis,
+    kicker: Callable[[str], Awaitable[Kick]],
+    reader: StatusReader,
+) -> None:
+    # Another attempt takes the lease over; the worker's next beat learns it (LeaseLost): the
+    # def body's thread cannot be stopped and runs 3 s more. Its stream entry must go idle
+    # (another worker's XAUTOCLAIM may hand it on) while the thread still runs.
+    queue, lost, ended = f"{ns}-q", f"{ns}:lost", f"{ns}:ended"
+    spawn(WORKER, redis_url, queue, ns, "jobpulse", "60000")
+    kick = await kicker(queue)
+    task = await kick("orphan", f"{ns}:runs", lost, ended, 3.0)
+
+    async def running() -> bool:
+        return (await reader.get(task.task_id)).state is JobState.RUNNING
+
+    await eventually(running, within=10)
+    await redis.set(KeySchema(ns).job(task.task_id).lease, "another-attempt", px=30_000)
+    await eventually(lambda: redis.exists(lost), within=5)
+
+    async def idle_for_a_second() -> bool:
+        assert not await redis.exists(ended)  # the orphaned thread still runs
+        entries = await redis.xpending_range(queue, "taskiq", "-", "+", 10)
+        return any(e["time_since_delivered"] >= 1000 for e in entries)
+
+    await eventually(idle_for_a_second, within=5)

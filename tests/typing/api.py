@@ -26,7 +26,8 @@ async def run_job(client: aioredis.Redis, pool: ProcessPoolExecutor) -> int:
         await hb.checkpoint(offset=result)
         fence: int = hb.fence
         attempt: int = hb.attempt
-        return result + fence + attempt
+        held: bool = hb.lease_held
+        return result + fence + attempt + held
 
 
 async def cancel(client: aioredis.Redis) -> bool:

@@ -11,7 +11,7 @@ from starlette.responses import Response
 from starlette.routing import Mount, Route
 
 from jobpulse import StatusReader
-from jobpulse.http import PollError, accepted, create_app, poll
+from jobpulse.http import PollError, accepted, create_app, poll, serve
 
 
 def build(reader: StatusReader) -> Starlette:
@@ -32,3 +32,16 @@ async def follow(client: httpx.AsyncClient, location: str) -> dict[str, Any] | N
         code: int | None = exc.status_code
         return None if code == 404 else {"error": str(exc), "url": exc.url}
     return status
+
+
+def operated(reader: StatusReader, token: str) -> Starlette:
+    """An app whose cancels and /metrics need ``Authorization: Bearer <token>``."""
+    return create_app(reader, token=token)
+
+
+def served_on_every_interface(url: str, token: str | None) -> None:
+    """``serve`` beyond loopback: with a token, or explicitly insecure."""
+    if token is not None:
+        serve(url, "0.0.0.0", 8000, token=token)
+    else:
+        serve(url, "0.0.0.0", 8000, insecure=True)

@@ -137,3 +137,28 @@ def test_keepalive_must_be_positive() -> None:
 
     with pytest.raises(ValueError, match="keepalive"):
         EventStream(frames(), keepalive=0)
+
+
+async def test_without_until_the_stream_waits_on_nothing_that_never_happens() -> None:
+    """Issue 24 item 8a: without ``until`` no drain waiter runs (it awaited a future that never
+    completes); the stream's tasks are its pump, its disconnect listener and its keep-alive."""
+    release = asyncio.Event()
+
+    async def frames() -> AsyncIterator[bytes]:
+        yield encode_event("first")
+        await release.wait()
+
+    client = _Client()
+    before = asyncio.all_tasks()
+    stream = asyncio.create_task(
+        EventStream(frames(), keepalive=3600)({"type": "http"}, client.receive, client.send)
+    )
+    while b"data: first" not in client.body():
+        client.wrote.clear()
+        await client.wrote.wait()
+    started = asyncio.all_tasks() - before - {stream}
+    names = sorted(task.get_coro().__qualname__ for task in started)  # type: ignore[union-attr]
+    release.set()
+    await asyncio.wait_for(stream, 10)
+    assert names == ["EventStream._keepalive", "EventStream._listen", "EventStream._pump"]
+    assert client.sent[-1]["more_body"] is False

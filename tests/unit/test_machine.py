@@ -38,7 +38,7 @@ def written(seq: int = 0, cancel: bool = False) -> BeatReply:
 def parse(args: list[Any]) -> tuple[int, dict[str, str], tuple[Any, ...] | None, list[Any]]:
     """A beat command as (seq, fields sent, event (kind, details, maxlen) or None, pairs)."""
     assert args[0] == len(args) - 1  # the segment's length, then token fence ttl
-    seq, names, rest = args[4], args[5], args[6:]
+    seq, names, rest = args[4], args[6], args[7:]  # (args[5]: landed)
     digits = names.rstrip("+")
     fields = {calls.BEAT_FIELDS[int(d) - 1]: rest[i] for i, d in enumerate(digits)}
     rest = rest[len(digits) :]
@@ -297,12 +297,60 @@ def test_after_a_data_loss_every_field_and_the_static_ones_are_sent() -> None:
     m = machine(kind="etl")
     m.next_beat(101.0, 0.0, SAMPLE, 0, None)
     m.replied(101.0, written(), ended=False)
-    lost = parse(m.next_beat(102.0, 0.0, SAMPLE, 0, None))[1]
-    assert lost == {"rate": "0"}  # written into an empty snapshot: all it holds now
+    m.next_beat(102.0, 0.0, SAMPLE, 0, None)
     m.replied(102.0, BeatReply(BeatCode.RESEND_STATIC, False, 5000, 0), ended=False)
+    assert m.written == 1  # the snapshot lost writes: nothing of that beat was written
     _, fields, _, pairs = parse(m.next_beat(102.0, 0.0, SAMPLE, 0, None))
-    assert set(fields) == set(calls.BEAT_FIELDS) - {"rate"}
+    assert set(fields) == set(calls.BEAT_FIELDS)
     assert pairs[:2] == ["attempt", 1]
+
+
+def test_each_beat_says_which_seq_landed_and_a_full_resend_says_none() -> None:
+    """``landed`` (the segment's 6th argument) is the acquire's seq, then the seq of the last
+    beat answered written; beat.lua answers 3 when the snapshot is behind it. The beat that
+    resends every field after that answer carries 0 (it repairs the snapshot, whatever it
+    holds), and the beat after it the resend's seq."""
+    m = machine()
+    first = m.next_beat(101.0, 0.0, SAMPLE, 0, None)
+    assert (first[4], first[5]) == (1, 0)  # the acquire answered seq 0
+    m.replied(101.0, written(), ended=False)
+    second = m.next_beat(102.0, 0.0, SAMPLE, 0, None)
+    assert (second[4], second[5]) == (2, 1)
+    m.beat_failed(102.0, at_once=False, ended=False)  # unknown: landed stays
+    third = m.next_beat(102.25, 0.0, SAMPLE, 0, None)
+    assert (third[4], third[5]) == (3, 1)
+    m.replied(102.25, BeatReply(BeatCode.RESEND_STATIC, False, 5000, 0), ended=False)
+    full = m.next_beat(102.25, 0.0, SAMPLE, 0, None)
+    assert (full[4], full[5]) == (4, 0)
+    m.beat_failed(102.25, at_once=False, ended=False)  # still every field, still no check
+    again = m.next_beat(102.5, 0.0, SAMPLE, 0, None)
+    assert (again[4], again[5]) == (5, 0)
+    assert set(parse(again)[1]) == set(calls.BEAT_FIELDS)
+    m.replied(102.5, written(), ended=False)
+    after = m.next_beat(103.5, 0.0, SAMPLE, 0, None)
+    assert (after[4], after[5]) == (6, 5)
+    assert parse(after)[3] == []  # the static fields are sent no more
+
+
+def test_a_checkpoint_beat_answered_3_is_resent_and_resolved_by_the_resend() -> None:
+    m = machine()
+    m.add_checkpoint('{"row":5}', "h", 101.0)
+    m.next_beat(101.0, 0.0, SAMPLE, 0, None)
+    lost = m.replied(101.0, BeatReply(BeatCode.RESEND_STATIC, False, 5000, 0), ended=False)
+    assert lost.resolved is None
+    assert lost.failed == []
+    assert m.due == 101.0
+    _, _, event, pairs = parse(m.next_beat(101.0, 0.0, SAMPLE, 0, None))
+    assert event == ("checkpoint", '{"row":5}', 1000)
+    assert pairs[:2] == ["checkpoint", '{"row":5}']
+    assert m.replied(101.0, written(), ended=False).resolved == "h"
+
+
+def test_seq_behind_raises_what_the_worker_knows_landed() -> None:
+    m = machine()
+    m.next_beat(101.0, 0.0, SAMPLE, 0, None)
+    m.replied(101.0, BeatReply(BeatCode.SEQ_BEHIND, False, 5000, 40), ended=False)
+    assert m.next_beat(101.0, 0.0, SAMPLE, 0, None)[4:6] == [41, 40]
 
 
 def test_beat_replies_decode_from_one_integer_or_the_seq_behind_array() -> None:

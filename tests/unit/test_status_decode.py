@@ -3,11 +3,18 @@
 from __future__ import annotations
 
 import pytest
+from redis.exceptions import ConnectionError as RedisConnectionError
 
-from jobpulse import Event, JobState, ProtocolError
+from jobpulse import Event, JobState, JobStatus, ProtocolError
 from jobpulse._protocol.codec import parse_stream_id
 from jobpulse._reader.event import decode_event
-from jobpulse._reader.status import ALL_FIELDS, check_fields, decode_snapshot, decode_values
+from jobpulse._reader.status import (
+    ALL_FIELDS,
+    check_fields,
+    decode_snapshot,
+    decode_values,
+    live_statuses,
+)
 
 NOW = 1_700_000_010_000
 
@@ -62,6 +69,16 @@ def test_percent_needs_a_positive_total_and_is_capped() -> None:
     assert decode_snapshot("j", {**RUNNING, "total": None}, 1, NOW).percent is None
     assert decode_snapshot("j", {**RUNNING, "total": "0"}, 1, NOW).percent is None
     assert decode_snapshot("j", {**RUNNING, "done": "150"}, 1, NOW).percent == 100.0
+
+
+def test_percent_has_two_decimals_rounded_down() -> None:
+    """Issue 25: the JSON and SSE carried 48.86666666666667; 99,999 of 100,000 is not 100."""
+    exact = {**RUNNING, "done": "733", "total": "1500"}
+    assert decode_snapshot("j", exact, 1, NOW).percent == 48.86
+    almost = {**RUNNING, "done": "99999", "total": "100000"}
+    assert decode_snapshot("j", almost, 1, NOW).percent == 99.99
+    third = {**RUNNING, "done": "1", "total": "3"}
+    assert decode_snapshot("j", third, 1, NOW).percent == 33.33
 
 
 def test_ages_never_negative() -> None:
@@ -163,3 +180,15 @@ def test_parse_stream_id() -> None:
     for bad in ("", "-1", "1-", "a-1", "1-2-3", "\u0661-1"):  # the last: an Arabic-Indic digit
         with pytest.raises(ValueError, match="stream id"):
             parse_stream_id(bad)
+
+
+def test_a_job_list_shows_running_and_stale_jobs_and_skips_corrupt_ones() -> None:
+    def status(job: str, state: JobState) -> JobStatus:
+        return JobStatus(job_id=job, state=state)
+
+    running, stale = status("a", JobState.RUNNING), status("b", JobState.STALE)
+    results = [running, status("c", JobState.COMPLETED), ProtocolError("corrupt"), stale]
+    assert live_statuses(results) == [running, stale]
+    down = RedisConnectionError("down")
+    with pytest.raises(RedisConnectionError):
+        live_statuses([running, down])

@@ -100,3 +100,51 @@ async def test_invalid_kinds_raise_before_any_redis_call(
     with pytest.raises(error, match="kind"):
         async with heartbeat(nowhere, "job", kind=kind):
             pass
+
+
+@pytest.mark.parametrize(
+    ("limit", "error"), [(0, ValueError), (-3, ValueError), ("5", TypeError), (True, TypeError)]
+)
+async def test_running_ids_refuses_a_bad_limit_like_every_int_option(
+    nowhere: aioredis.Redis, limit: object, error: type[Exception]
+) -> None:
+    """The one int check (``_checks.check_number``): TypeError for what is not an int,
+    ValueError below 1, as the reader's own int options answer."""
+    from jobpulse import StatusReader
+
+    with pytest.raises(error, match="limit"):
+        await StatusReader(nowhere).running_ids(limit=limit)  # type: ignore[arg-type]
+    with pytest.raises(error, match="max_entries"):
+        StatusReader(nowhere, max_entries=limit)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("last", ["bogus", "1-2-3", "", "-1-0"])
+async def test_both_readers_refuse_a_bad_resume_id_before_any_redis_call(
+    nowhere: aioredis.Redis, last: str
+) -> None:
+    import redis
+
+    from jobpulse import StatusReader
+    from jobpulse.sync import StatusReader as SyncStatusReader
+
+    with pytest.raises(ValueError, match="last_event_id"):
+        StatusReader(nowhere).watch("job", last_event_id=last)
+    sync_client = redis.Redis(port=free_port(), socket_connect_timeout=0.2)
+    with pytest.raises(ValueError, match="last_event_id"):
+        SyncStatusReader(sync_client).watch("job", last_event_id=last)
+
+
+@pytest.mark.parametrize(("timeout", "error"), [(-1, ValueError), (math.inf, ValueError)])
+async def test_both_readers_refuse_a_bad_wait_timeout_before_any_redis_call(
+    nowhere: aioredis.Redis, timeout: float, error: type[Exception]
+) -> None:
+    import redis
+
+    from jobpulse import StatusReader
+    from jobpulse.sync import StatusReader as SyncStatusReader
+
+    with pytest.raises(error, match="timeout"):
+        await StatusReader(nowhere).wait("job", timeout=timeout)
+    sync_client = redis.Redis(port=free_port(), socket_connect_timeout=0.2)
+    with pytest.raises(error, match="timeout"):
+        SyncStatusReader(sync_client).wait("job", timeout=timeout)

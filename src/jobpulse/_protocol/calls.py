@@ -22,6 +22,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from .clock import clock_of
 from .cluster import execute, is_async_cluster
+from .codec import text
 from .errors import is_noscript
 from .scripts import SCRIPTS, Script
 
@@ -73,7 +74,7 @@ class BeatCode(enum.IntEnum):
     SEQ_BEHIND = 0  # lease renewed, the snapshot holds a newer seq: nothing else written
     WRITTEN = 1
     RETAKEN = 2  # written, the lease was re-taken after it expired
-    RESEND_STATIC = 3  # written into an empty snapshot (data loss): resend the static fields
+    RESEND_STATIC = 3  # the snapshot lost writes that landed: nothing written, resend every field
     TAKEN_OVER = -1  # another token holds the lease
     FENCED_OUT = -2  # the fence moved on
 
@@ -121,11 +122,6 @@ class BeatReply:
     snapshot_seq: int
 
 
-def text(value: Any) -> str:
-    """A reply element as text (redis-py answers bytes unless ``decode_responses``)."""
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def decode_beat(reply: Any) -> BeatReply:
     """One job's answer in ``beat.lua``'s reply: one integer (``now_ms * 8 + code * 2 +
     cancel``, or a negative code), or ``{0, cancel, now_ms, snapshot_seq}`` when the snapshot
@@ -157,6 +153,7 @@ def beat_segment(
     fence: int,
     ttl_ms: int,
     seq: int,
+    landed: int | None = None,
     fields: dict[str, Any],
     event: tuple[str, str, int] | None = None,
     pairs: Sequence[Any] = (),
@@ -166,13 +163,17 @@ def beat_segment(
     arguments encoded once, only the fields that changed). ``fields``: the dynamic fields to
     write (names of :data:`BEAT_FIELDS`; with ``event``, done, total and stage are expected);
     ``event``: ``(kind, details, maxlen)`` of a stream entry; ``pairs``: static field, value
-    pairs."""
+    pairs; ``landed``: the highest seq known to be in the snapshot (a snapshot behind it answers
+    :attr:`BeatCode.RESEND_STATIC`, writing nothing of the beat), by default ``seq - 1`` (the
+    beat before this one landed); 0 for a beat that carries every field (no check)."""
     unknown = set(fields) - set(BEAT_FIELDS)
     if unknown:
         raise ValueError(f"unknown beat field(s): {', '.join(sorted(unknown))}")
     present = [i for i, name in enumerate(BEAT_FIELDS) if name in fields]
     names = "".join(BEAT_DIGITS[i] for i in present) + ("+" if event else "")
-    segment: list[Any] = [0, token, fence, ttl_ms, seq, names]
+    if landed is None:
+        landed = seq - 1
+    segment: list[Any] = [0, token, fence, ttl_ms, seq, landed, names]
     segment += [fields[BEAT_FIELDS[i]] for i in present]
     if event:
         segment += list(event)

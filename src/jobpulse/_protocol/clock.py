@@ -31,7 +31,8 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from .clients import AsyncClient, SyncClient
-from .errors import error_code, is_unknown_command
+from .codec import text as _text
+from .errors import error_code, refuses_time
 from .scripts import SCRIPTS, Script
 
 __all__ = [
@@ -58,17 +59,6 @@ _BY_SHA: dict[str, Script] = {
 }
 _CLOCKS: weakref.WeakKeyDictionary[Any, ScriptClock] = weakref.WeakKeyDictionary()
 _CREATE = threading.Lock()
-
-
-def refuses_time(exc: BaseException) -> bool:
-    """True when a script call failed because the server refuses ``TIME`` in scripts: renamed
-    away or unknown (``Unknown Redis command called from script``), or refused by an ACL or a
-    managed server's rule (``NOPERM``, or an ``ERR`` naming TIME and scripts)."""
-    if is_unknown_command(exc) and "script" in str(exc).lower():
-        return True
-    text = str(exc).lower()
-    code = error_code(exc)
-    return code in ("ERR", "NOPERM") and "time" in text and "script" in text
 
 
 class ScriptClock:
@@ -205,10 +195,6 @@ class ScriptClock:
         if self.arguments and script.argument is not None:
             return script.argument
         return script
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def clock_of(redis: Any) -> ScriptClock:

@@ -25,6 +25,7 @@ __all__ = [
     "fmt_int",
     "load_json",
     "parse_stream_id",
+    "text",
     "to_text",
 ]
 
@@ -90,6 +91,17 @@ def load_json(text: str | bytes | None) -> Any:
     if not text:
         return None
     return orjson.loads(text)
+
+
+def text(value: Any) -> str:
+    """A reply element as text, whatever it is: bytes decoded (redis-py answers bytes unless
+    ``decode_responses``), anything else through ``str()`` (an integer reply element). Unlike
+    :func:`to_text`, ``""`` stays ``""``: for ids, members and script replies, not field values.
+
+    Raises:
+        UnicodeDecodeError: ``value`` is bytes that are not UTF-8.
+    """
+    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def to_text(value: str | bytes | None) -> str | None:

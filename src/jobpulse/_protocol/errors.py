@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from types import TracebackType
+from typing import Literal
 
 from redis.exceptions import (
     AskError,
@@ -40,8 +41,12 @@ from redis.exceptions import (
     TryAgainError,
 )
 
+from ..errors import ProtocolError
+
 __all__ = [
+    "Failure",
     "error_code",
+    "failure_of",
     "is_no_such_key",
     "is_noscript",
     "is_redirect",
@@ -50,6 +55,7 @@ __all__ = [
     "is_unknown_command",
     "is_wrongtype",
     "refuses_blocking",
+    "refuses_time",
     "tolerate_faults",
 ]
 
@@ -150,6 +156,17 @@ def is_transient(exc: BaseException) -> bool:
     return error_code(exc) in _TRANSIENT
 
 
+def refuses_time(exc: BaseException) -> bool:
+    """True when a script call failed because the server refuses ``TIME`` in scripts: renamed
+    away or unknown (``Unknown Redis command called from script``), or refused by an ACL or a
+    managed server's rule (``NOPERM``, or an ``ERR`` naming TIME and scripts). The script
+    clock (``clock.py``) then stamps the time as an argument."""
+    if is_unknown_command(exc) and "script" in _text(exc):
+        return True
+    text = _text(exc)
+    return error_code(exc) in ("ERR", "NOPERM") and "time" in text and "script" in text
+
+
 def refuses_blocking(exc: BaseException) -> bool:
     """True when an error reply to a blocking read (``XREAD … BLOCK``) says the server does not
     serve blocking reads (Upstash and proxies answer an ``ERR``): read without BLOCK and poll.
@@ -214,6 +231,22 @@ def _closed_under_us(exc: BaseException) -> bool:
         last, tb = tb, tb.tb_next
     module = "" if last is None else str(last.tb_frame.f_globals.get("__name__", ""))
     return module in ("redis.asyncio.connection", "redis.connection")
+
+
+Failure = Literal["corrupt", "unavailable"]
+"""What a failed read means to whoever asked (an HTTP client, a CLI user)."""
+
+
+def failure_of(exc: BaseException) -> Failure | None:
+    """The one map of a failed read to what the adapters tell their users (the HTTP app's
+    502 / 503, the CLI's exit codes): ``"corrupt"`` when the keys hold what jobpulse cannot
+    read (:class:`~jobpulse.ProtocolError`), ``"unavailable"`` for a Redis fault
+    (:func:`is_redis_fault`), None for anything else (a bug: the caller re-raises it)."""
+    if isinstance(exc, ProtocolError):
+        return "corrupt"
+    if is_redis_fault(exc):
+        return "unavailable"
+    return None
 
 
 @contextmanager

@@ -7,10 +7,19 @@ from typing import Any
 
 import orjson
 
-from .._protocol.codec import TERMINAL_EVENT_KINDS, decode_entry, load_json, to_text
+from .._protocol.codec import (
+    TERMINAL_EVENT_KINDS,
+    decode_entry,
+    load_json,
+    parse_stream_id,
+    to_text,
+)
 from ..errors import ProtocolError
 
-__all__ = ["Event", "decode_event"]
+__all__ = ["Event", "decode_event", "synthetic_event"]
+
+_MAX_SEQ = 2**64 - 1
+"""The largest sequence part of a stream id."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -35,8 +44,9 @@ class Event:
         details: the entry's JSON details (checkpoint details, a cancel reason), else None.
         job_kind: the job's kind, on ``start`` entries of a job that has one.
         synthetic: True for the ``stale`` event a reader makes up when the worker's liveness
-            key is gone and no sweeper has claimed the job yet; its ``id`` is the last real
-            entry's id, so resuming from it loses nothing.
+            key is gone and no sweeper has claimed the job yet (and the ``end`` it makes up for
+            a finished job whose ``end`` entry is gone); see :func:`synthetic_event` for its
+            ``id`` and ``ts``.
     """
 
     id: str
@@ -103,3 +113,28 @@ def decode_event(entry_id: str | bytes, raw: Any) -> Event:
         details=details,
         job_kind=fields.get("job_kind"),
     )
+
+
+def synthetic_event(
+    kind: str, status: str, *, cursor: str, server_ms: int | None, wall: float
+) -> Event:
+    """The event a reader makes up for a verdict (``stale``: the liveness key is gone).
+
+    Its ``ts`` is the verdict's time: ``server_ms`` (the server's clock, read *before* the
+    reader's last read of the stream) when known, else ``wall`` (the reader host's clock).
+
+    Its ``id`` is a resume point of its own: ``(server_ms - 1)-18446744073709551615``, the last
+    id of the millisecond before ``server_ms``, unless ``cursor`` (the last entry delivered) is
+    above it. Every entry up to that id has been delivered (entries written before the stream
+    was last read were read; ``cursor`` covers those of the last milliseconds), and an entry
+    written later gets an id of at least ``server_ms`` (the server stamps ids with its clock),
+    so a client resuming from it misses nothing and sees nothing twice. Without a server time
+    the id is ``cursor``, the last delivered entry's.
+    """
+    eid = cursor
+    if server_ms is not None and server_ms > 0:
+        bound = (server_ms - 1, _MAX_SEQ)
+        if bound > parse_stream_id(cursor):
+            eid = f"{bound[0]}-{bound[1]}"
+    ts = server_ms / 1000.0 if server_ms is not None and server_ms > 0 else wall
+    return Event(id=eid, kind=kind, status=status, ts=ts, synthetic=True)

@@ -31,7 +31,7 @@ when they were sent.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
@@ -48,9 +48,11 @@ from .status import (
     JobState,
     JobStatus,
     RawSnapshot,
+    check_fields,
     decode_snapshot,
     decode_values,
     version,
+    wanted,
 )
 
 __all__ = [
@@ -60,10 +62,15 @@ __all__ = [
     "exchange",
     "exchange_sync",
     "fast_client",
+    "fields_to_read",
     "merge",
     "pack_read",
     "server_ms_of",
+    "served",
 ]
+
+
+_EVERY_FIELD = frozenset(ALL_FIELDS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,6 +97,33 @@ def merge(older: Read, newer: Read) -> Read:
     raw = {**older.raw, **newer.raw}
     status = decode_snapshot(older.status.job_id, raw, newer.alive_pttl, newer.server_ms)
     return replace(newer, status=status, raw=raw, fields=older.fields | newer.fields)
+
+
+def fields_to_read(fields: Iterable[str] | None) -> frozenset[str]:
+    """The fields ``get(job_id, fields)`` reads: every field for None, else the asked ones and
+    the verdict's (see ``status.wanted``).
+
+    Raises:
+        ValueError: a name is not a snapshot field.
+        TypeError: ``fields`` is a plain string or not iterable.
+    """
+    names = check_fields(fields)
+    return _EVERY_FIELD if names is None else wanted(names)
+
+
+def served(read: Read, age: float) -> JobStatus:
+    """The status ``read`` answers ``age`` seconds after it was read (from the cache): its ages
+    grew by as much, measured on the reader's own monotonic clock, never compared with another
+    clock."""
+    status = read.status
+    if age <= 0 or not read.exists:
+        return status
+    return replace(status, heartbeat_age=_plus(status.heartbeat_age, age),
+                   progress_age=_plus(status.progress_age, age))  # fmt: skip
+
+
+def _plus(value: float | None, age: float) -> float | None:
+    return None if value is None else value + age
 
 
 # -- the bytes ---------------------------------------------------------------------------------

@@ -6,14 +6,14 @@ import asyncio
 import logging
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
 
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
-from .._checks import check_number
+from .._checks import check_number, check_seconds
 from .._protocol.cluster import pipelined
 from .._protocol.codec import parse_stream_id, to_text
 from .._protocol.deadline import cancellable
@@ -22,20 +22,25 @@ from .._protocol.keys import KeySchema, check_job_id
 from ..errors import InvalidJobId, ProtocolError
 from .backoff import Backoff
 from .cache import CacheStatistics, SnapshotCache
-from .fetch import Read, ReadClock, ReadRequest, exchange, fast_client, merge
+from .fetch import (
+    Read,
+    ReadClock,
+    ReadRequest,
+    exchange,
+    fast_client,
+    fields_to_read,
+    merge,
+    served,
+)
+from .follow import follow_from, wait_step
+from .hubtypes import HubStatistics
 from .routing import WatchHub
-from .status import ALL_FIELDS, JobState, JobStatus, check_fields, wanted
-from .watch import HubStatistics, Watch
+from .status import JobStatus, live_statuses
+from .watch import Watch
 
-__all__ = ["ReaderConfig", "ReaderStatistics", "StatusReader"]
+__all__ = ["ReaderConfig", "ReaderStatistics", "StatusReader", "client_of"]
 
 log = logging.getLogger("jobpulse")
-
-_ALL = frozenset(ALL_FIELDS)
-
-
-def _seconds(name: str, value: object, *, positive: bool = False) -> float:
-    return float(check_number(name, value, minimum=0, strict=positive, what="a number of seconds"))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -68,18 +73,14 @@ class ReaderConfig:
     watch_poll: float = 0.1
 
     def __post_init__(self) -> None:
-        _seconds("cache_ttl", self.cache_ttl)
+        check_seconds("cache_ttl", self.cache_ttl)
         if self.terminal_ttl is not None:
-            _seconds("terminal_ttl", self.terminal_ttl)
-        _seconds("watch_block", self.watch_block, positive=True)
-        _seconds("watch_poll", self.watch_poll, positive=True)
-        _seconds("liveness_interval", self.liveness_interval, positive=True)
+            check_seconds("terminal_ttl", self.terminal_ttl)
+        check_seconds("watch_block", self.watch_block, positive=True)
+        check_seconds("watch_poll", self.watch_poll, positive=True)
+        check_seconds("liveness_interval", self.liveness_interval, positive=True)
         for name in ("max_entries", "watch_queue", "concurrency"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {value!r}")
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value!r}")
+            check_number(name, getattr(self, name), integer=True, minimum=1, strict=False)
 
     @property
     def terminal_seconds(self) -> float:
@@ -218,14 +219,11 @@ class StatusReader:
 
     async def _get(self, job_id: str, fields: Iterable[str] | None, *, fresh: bool) -> JobStatus:
         check_job_id(job_id)
-        names = check_fields(fields)
-        want = _ALL if names is None else wanted(names)
+        want = fields_to_read(fields)
         read, age = await self._cache.get(
             job_id, want, lambda f: self._fetch(job_id, f), fresh=fresh
         )
-        if age > 0 and read.exists:
-            return _with_ages(read.status, age)
-        return read.status
+        return served(read, age)
 
     async def _fetch(self, job_id: str, want: frozenset[str]) -> Read:
         request = ReadRequest(job_id, self._schema.job(job_id), want, self._time)
@@ -255,9 +253,12 @@ class StatusReader:
         Args:
             index_shards: the ``index_shards`` the workers use.
             limit: the most ids returned (>= 1).
+
+        Raises:
+            TypeError: ``limit`` is not an int.
+            ValueError: ``limit`` is below 1.
         """
-        if isinstance(limit, bool) or not isinstance(limit, int) or limit < 1:
-            raise ValueError(f"limit must be an int >= 1, got {limit!r}")
+        check_number("limit", limit, integer=True, minimum=1, strict=False)
         schema = KeySchema(self.namespace, index_shards)
         async with self._slots, self._redis.pipeline(transaction=False) as pipe:
             for key in schema.indexes():
@@ -275,14 +276,7 @@ class StatusReader:
         """
         ids, _ = await self.running_ids(index_shards=index_shards, limit=limit)
         results = await asyncio.gather(*(self.get(job) for job in ids), return_exceptions=True)
-        listed = []
-        for result in results:
-            if isinstance(result, JobStatus):
-                if result.state in (JobState.RUNNING, JobState.STALE):
-                    listed.append(result)
-            elif not isinstance(result, ProtocolError):
-                raise result
-        return listed
+        return live_statuses(results)
 
     async def trimmed_after(self, job_id: str, last_event_id: str) -> bool:
         """True when entries after ``last_event_id`` may have been trimmed from the capped
@@ -364,7 +358,7 @@ class StatusReader:
         """
         check_job_id(job_id)
         if timeout is not None:
-            _seconds("timeout", timeout)
+            check_seconds("timeout", timeout)
         delays = backoff if backoff is not None else Backoff()
         try:
             async with asyncio.timeout(timeout):
@@ -378,10 +372,11 @@ class StatusReader:
             # a Redis fault falls back to polling; a corrupt key (ProtocolError) propagates
             with tolerate_faults(lambda exc: log.debug("wait(%s): polling: %r", job_id, exc)):
                 status = await self._get(job_id, None, fresh=fresh)
-                if status.state.is_settled:
+                step = wait_step(status.state)
+                if step == "settled":
                     return status
                 fresh = True
-                if status.state is JobState.RUNNING:
+                if step == "follow":
                     await self._follow(job_id)
                     delays.reset()
                     continue  # the stream ended: read the final snapshot, past the cache
@@ -394,10 +389,7 @@ class StatusReader:
         # watch at once, without replaying the whole history.
         async with self._slots:
             tail = await self._redis.xrevrange(keys.events, count=2)
-        start = tail[1][0] if len(tail) == 2 else None
-        if isinstance(start, bytes):
-            start = start.decode()
-        async with self.watch(job_id, last_event_id=start) as events:
+        async with self.watch(job_id, last_event_id=follow_from(tail)) as events:
             async for _event in events:
                 pass  # the watch ends after the terminal entry of the job's last attempt
 
@@ -422,15 +414,10 @@ class StatusReader:
         await self.aclose()
 
 
-def _with_ages(status: JobStatus, age: float) -> JobStatus:
-    """``status`` served ``age`` seconds after its read: its ages grew by as much (measured on
-    the reader's own monotonic clock, never compared with another clock)."""
-    return replace(status, heartbeat_age=_plus(status.heartbeat_age, age),
-                   progress_age=_plus(status.progress_age, age))  # fmt: skip
-
-
-def _plus(value: float | None, age: float) -> float | None:
-    return None if value is None else value + age
+def client_of(reader: StatusReader) -> Any:
+    """The Redis client ``reader`` reads through, for the adapters that write through it too
+    (the HTTP app's cancel route, its ``/metrics`` census); not public."""
+    return reader._redis
 
 
 def _is_job_id(text: str) -> bool:

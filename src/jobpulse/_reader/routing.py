@@ -27,7 +27,7 @@ from redis.asyncio.cluster import RedisCluster
 from .._protocol.codec import parse_stream_id
 from .._protocol.errors import tolerate_faults
 from .._protocol.keys import KeySchema
-from .watch import HubStatistics, _Stream, _Watcher
+from .hubtypes import HubStatistics, Stream, Watcher
 from .xread import XReadLoop
 
 __all__ = ["WatchHub"]
@@ -79,7 +79,7 @@ class WatchHub:
         self._count, self._clock = count, clock
         self.queue_size = queue_size
         self.slots = slots
-        self._streams: dict[str, _Stream] = {}
+        self._streams: dict[str, Stream] = {}
         self._loops: dict[str, XReadLoop] = {}
         self._retired = {"xreads": 0, "unblocks": 0, "checks": 0, "overflows": 0, "reroutes": 0}
         self._reroute_lock = asyncio.Lock()
@@ -106,7 +106,7 @@ class WatchHub:
 
     # -- attach and detach (synchronous: no await may split them) -----------------------------
 
-    def attach(self, watcher: _Watcher, job_id: str, last_id: str) -> str | None:
+    def attach(self, watcher: Watcher, job_id: str, last_id: str) -> str | None:
         """Attach ``watcher`` to the job's stream; it has read every entry up to ``last_id``.
 
         Returns:
@@ -126,7 +126,7 @@ class WatchHub:
         if stream is None:
             loop = self._loop_for(keys.events)
             slot = self._redis.keyslot(keys.events) if self._cluster else 0
-            stream = _Stream(keys.events, keys.state, keys.alive, last_id, set(), slot)
+            stream = Stream(keys.events, keys.state, keys.alive, last_id, set(), slot)
             self._streams[keys.events] = stream
             loop.add(stream)
         elif parse_stream_id(stream.cursor) > parse_stream_id(last_id):
@@ -138,14 +138,14 @@ class WatchHub:
             stream.loop.wake(stream)
         return ahead
 
-    def detach(self, watcher: _Watcher) -> None:
+    def detach(self, watcher: Watcher) -> None:
         stream, watcher.stream = watcher.stream, None
         if stream is not None:
             stream.watchers.discard(watcher)
             if not stream.watchers:
                 self.drop(stream)
 
-    def drop(self, stream: _Stream) -> None:
+    def drop(self, stream: Stream) -> None:
         """Stop following ``stream`` (no watcher left, or it ended)."""
         if self._streams.get(stream.key) is stream:
             del self._streams[stream.key]

@@ -9,18 +9,19 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from typing import Any
 
 import orjson
 
-from .._protocol.codec import SNAPSHOT_FIELDS, STATUSES, TERMINAL_STATUSES, load_json
+from .._protocol.codec import SNAPSHOT_FIELDS, STATUSES, TERMINAL_STATUSES, load_json, to_text
 from ..errors import ProtocolError
 
 __all__ = [
     "ALL_FIELDS",
+    "LIVE_STATES",
     "VERDICT_FIELDS",
     "JobState",
     "JobStatus",
@@ -28,6 +29,8 @@ __all__ = [
     "check_fields",
     "decode_snapshot",
     "decode_values",
+    "live_statuses",
+    "state_of",
     "version",
     "wanted",
 ]
@@ -78,6 +81,11 @@ class JobState(enum.Enum):
         return self is JobState.STALE or self.is_terminal
 
 
+LIVE_STATES = frozenset({JobState.RUNNING, JobState.STALE})
+"""A job whose attempt has not ended: the running-jobs index names it, a job list shows it, and
+its status may change by itself (a beat, the end, a claim)."""
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobStatus:
     """One job's status as read from its snapshot. Fields not fetched, or absent, are None.
@@ -88,7 +96,8 @@ class JobStatus:
         stage: the current stage name.
         done: items done.
         total: items in all, when known.
-        percent: ``100 * done / total`` (None without a positive total), at most 100.
+        percent: ``100 * done / total`` rounded down to two decimals (None without a positive
+            total), at most 100.
         rate: items per second, recent.
         eta: seconds left, estimated by the worker.
         rss_bytes: the worker process's resident memory.
@@ -145,6 +154,24 @@ class JobStatus:
         return out
 
 
+def live_statuses(results: Iterable[JobStatus | BaseException]) -> list[JobStatus]:
+    """What a job list shows of the results of reading its jobs (``gather(...,
+    return_exceptions=True)``): the statuses in :data:`LIVE_STATES`, in order. A job that just
+    ended is left out, and so is a corrupt one (``ProtocolError``): it does not hide the others.
+
+    Raises:
+        BaseException: the first other failure among ``results`` (a Redis fault, a bug).
+    """
+    listed = []
+    for result in results:
+        if isinstance(result, JobStatus):
+            if result.state in LIVE_STATES:
+                listed.append(result)
+        elif not isinstance(result, ProtocolError):
+            raise result
+    return listed
+
+
 def check_fields(fields: object) -> tuple[str, ...] | None:
     """Validate the ``fields=`` argument of ``get()``: None or an iterable of field names.
 
@@ -183,18 +210,10 @@ def decode_values(
     """
     if len(values) != len(names):
         raise ProtocolError(f"job {job_id!r}: HMGET gave {len(values)} values for {len(names)}")
-    out: dict[str, str | None] = {}
     try:
-        for name, value in zip(names, values, strict=True):
-            if not value:
-                out[name] = None
-            elif isinstance(value, bytes):
-                out[name] = value.decode()
-            else:
-                out[name] = value
+        return {name: to_text(value) for name, value in zip(names, values, strict=True)}
     except UnicodeDecodeError as exc:
         raise ProtocolError(f"job {job_id!r}: a snapshot value is not UTF-8 ({exc})") from None
-    return out
 
 
 def _int(job_id: str, raw: RawSnapshot, name: str) -> int | None:
@@ -235,6 +254,18 @@ def version(job_id: str, raw: RawSnapshot) -> tuple[int, int]:
     return _int(job_id, raw, "fence") or 0, _int(job_id, raw, "seq") or 0
 
 
+def state_of(status: str, alive_pttl: int) -> JobState | None:
+    """The reader's verdict on a job from its snapshot's ``status`` and its liveness key's PTTL
+    (-2 when the key is missing): STALE for RUNNING without the key, else the status's own
+    state; None for a status outside the protocol. Made here only: ``get()`` and every watch's
+    liveness check (``follow.liveness_verdict``) ask this."""
+    if status not in STATUSES:
+        return None
+    if status == "RUNNING" and alive_pttl == -2:
+        return JobState.STALE
+    return JobState(status)
+
+
 def decode_snapshot(job_id: str, raw: RawSnapshot, alive_pttl: int, server_ms: int) -> JobStatus:
     """Build the :class:`JobStatus` of one read.
 
@@ -254,11 +285,9 @@ def decode_snapshot(job_id: str, raw: RawSnapshot, alive_pttl: int, server_ms: i
     status = raw.get("status")
     if status is None:
         return JobStatus(job_id=job_id, state=JobState.UNKNOWN, server_ms=server_ms)
-    if status not in STATUSES:
+    state = state_of(status, alive_pttl)
+    if state is None:
         raise ProtocolError(f"job {job_id!r}: snapshot status {status!r} is not a jobpulse status")
-    state = JobState(status)
-    if state is JobState.RUNNING and alive_pttl == -2:
-        state = JobState.STALE
     ints: dict[str, int | None] = {}
     for name in _INT_FIELDS:
         text = raw.get(name)
@@ -276,7 +305,9 @@ def decode_snapshot(job_id: str, raw: RawSnapshot, alive_pttl: int, server_ms: i
     done, total = ints["done"], ints["total"]
     percent = None
     if done is not None and total is not None and total > 0:
-        percent = min(100.0 * done / total, 100.0)
+        # Two decimals, rounded down: 733 / 1500 is 48.86, not 48.86666666666667, and only
+        # done >= total reads 100.
+        percent = min(math.floor(10_000 * done / total) / 100, 100.0)
     lag = floats["loop_lag_ms"]
     return JobStatus(
         job_id=job_id,

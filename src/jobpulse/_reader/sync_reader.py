@@ -5,7 +5,8 @@ The same reads, decode, cache ordering (never back in time) and verdicts as the 
 (the same bytes, the same decode), and answers go through the same
 :class:`~jobpulse._reader.cache.SnapshotCache` (its ``hit``/``admit``, under a lock: threads
 share the cache, not the reads in flight). ``watch()`` is a plain iterator over the stream
-(``XREAD BLOCK`` on the caller's thread); ``wait()`` follows it, polling ``Backoff`` otherwise.
+(``XREAD BLOCK`` on the caller's thread) under the asyncio watch's follow rules (``follow.py``);
+``wait()`` follows it, polling ``Backoff`` otherwise.
 """
 
 from __future__ import annotations
@@ -18,23 +19,39 @@ from typing import Any
 
 from redis.cluster import RedisCluster
 
+from .._checks import check_seconds
 from .._protocol.clients import SyncClient
-from .._protocol.codec import to_text
 from .._protocol.errors import tolerate_faults
 from .._protocol.keys import KeySchema, check_job_id
 from ..errors import ProtocolError
 from .backoff import Backoff
 from .cache import SnapshotCache
 from .event import Event, decode_event
-from .fetch import Read, ReadClock, ReadRequest, exchange_sync, fast_client, merge
-from .reader import ReaderConfig, _with_ages
-from .status import ALL_FIELDS, JobState, JobStatus, check_fields, wanted
+from .fetch import (
+    Read,
+    ReadClock,
+    ReadRequest,
+    exchange_sync,
+    fast_client,
+    fields_to_read,
+    merge,
+    served,
+)
+from .follow import (
+    ends_watch,
+    follow_from,
+    resume_point,
+    superseded,
+    synthetic_event,
+    verdict_of,
+    wait_step,
+)
+from .reader import ReaderConfig
+from .status import JobState, JobStatus
 
 __all__ = ["SyncStatusReader"]
 
 log = logging.getLogger("jobpulse")
-
-_ALL = frozenset(ALL_FIELDS)
 
 
 class SyncStatusReader:
@@ -110,18 +127,14 @@ class SyncStatusReader:
 
     def _get(self, job_id: str, fields: Iterable[str] | None, *, fresh: bool) -> JobStatus:
         check_job_id(job_id)
-        names = check_fields(fields)
-        want = _ALL if names is None else wanted(names)
+        want = fields_to_read(fields)
         with self._lock:
             cached = self._cache.hit(job_id, want, fresh=fresh)
         if cached is None:
             fetched = self._fetch(job_id, want)
             with self._lock:
                 cached = self._cache.admit(job_id, fetched)
-        read, age = cached
-        if age > 0 and read.exists:
-            return _with_ages(read.status, age)
-        return read.status
+        return served(*cached)
 
     def _fetch(self, job_id: str, want: frozenset[str]) -> Read:
         request = ReadRequest(job_id, self._schema.job(job_id), want, self._time)
@@ -150,8 +163,11 @@ class SyncStatusReader:
             TimeoutError: the job did not settle within ``timeout`` seconds.
             InvalidJobId: ``job_id`` is invalid.
             ProtocolError: the job's keys are corrupt.
+            ValueError: ``timeout`` is negative or not finite.
         """
         check_job_id(job_id)
+        if timeout is not None:
+            check_seconds("timeout", timeout)
         delays = backoff if backoff is not None else Backoff()
         end = None if timeout is None else time.monotonic() + timeout
         fresh = False
@@ -162,10 +178,11 @@ class SyncStatusReader:
             # a Redis fault falls back to polling; a corrupt key (ProtocolError) propagates
             with tolerate_faults(lambda exc: log.debug("wait(%s): polling: %r", job_id, exc)):
                 status = self._get(job_id, None, fresh=fresh)
-                if status.state.is_settled:
+                step = wait_step(status.state)
+                if step == "settled":
                     return status
                 fresh = True
-                if status.state is JobState.RUNNING:
+                if step == "follow":
                     for _event in self._follow(job_id, left):
                         pass
                     delays.reset()
@@ -176,54 +193,74 @@ class SyncStatusReader:
     def watch(self, job_id: str, *, last_event_id: str | None = None) -> Iterator[Event]:
         """The job's events: from the stream's start (or right after ``last_event_id``), then
         live ones, ending after the terminal event of the job's last attempt, or with a
-        synthetic ``stale`` event when the worker's liveness key is gone.
+        synthetic ``stale`` event when the worker's liveness key is gone, or a synthetic ``end``
+        when the job ended but its ``end`` entry is gone; the asyncio reader's rules
+        (``follow.py``). A job not started yet is waited for.
 
         Raises:
             InvalidJobId: ``job_id`` is invalid.
+            ValueError: ``last_event_id`` is not a stream entry id.
             ProtocolError: a stream entry is not jobpulse's.
         """
         check_job_id(job_id)
-        return self._events(job_id, last_event_id, None)
+        _, after = resume_point(last_event_id)
+        return self._events(job_id, after, None)
 
     def _follow(self, job_id: str, limit: float | None) -> Iterator[Event]:
         # Start just before the newest entry: an attempt that already ended ends at once.
         tail = self._redis.xrevrange(self._schema.job(job_id).events, count=2)
-        start = to_text(tail[1][0]) if len(tail) == 2 else None
-        return self._events(job_id, start, limit)
+        return self._events(job_id, follow_from(tail), limit)
 
     def _events(self, job_id: str, after: str | None, limit: float | None) -> Iterator[Event]:
-        key = self._schema.job(job_id).events
+        # The follow rules (superseded runs, the liveness verdict, the synthetic end) are
+        # follow.py's, the asyncio watch's own; this driver only reads, blocks and yields.
+        keys = self._schema.job(job_id)
         end = None if limit is None else time.monotonic() + limit
-        history = self._redis.xrange(key, "-" if after is None else f"({after}")
-        events = [decode_event(eid, raw) for eid, raw in history]
-        # a terminal entry followed by a later attempt's start does not end the watch
-        last_start = max((i for i, e in enumerate(events) if e.kind == "start"), default=-1)
         cursor = after or "0-0"
-        for i, event in enumerate(events):
+        history = self._range(keys.events, "-" if after is None else f"({after}")
+        old = superseded(history)
+        for event in history:
             cursor = event.id
             yield event
-            if event.terminal and i > last_start:
+            if ends_watch(event, old):
                 return
         block_ms = max(1, int(self.config.watch_block * 1000))
         while True:
             if end is not None and time.monotonic() >= end:
                 return
-            reply = self._redis.xread({key: cursor}, block=block_ms, count=100)
-            if not reply:
-                status = self._get(job_id, None, fresh=True)
-                if status.state is JobState.STALE:
-                    yield Event(id=cursor, kind="stale", status="STALE", synthetic=True)
-                    return
-                if not status.state.is_settled and status.state is not JobState.UNKNOWN:
-                    continue
-                # ended (its end entry was written with the final state) or gone: take what
-                # the stream holds past the cursor, then stop
-                reply = self._redis.xread({key: cursor}, count=100) or []
-                end = time.monotonic()
-            for _stream, entries in reply:
+            reply = self._redis.xread({keys.events: cursor}, block=block_ms, count=100)
+            for _stream, entries in reply or ():
                 for eid, raw in entries:
                     event = decode_event(eid, raw)
                     cursor = event.id
                     yield event
-                    if event.terminal:
+                    if ends_watch(event, ()):
                         return
+            if reply:
+                continue
+            verdict, server_ms = self._liveness(job_id)
+            if verdict is None:
+                continue
+            # Entries written before the verdict's read first (none is lost), then the
+            # verdict, resumable after them (see follow.synthetic_event).
+            for event in self._range(keys.events, f"({cursor}"):
+                cursor = event.id
+                yield event
+                if ends_watch(event, ()):
+                    return
+            yield synthetic_event(verdict, cursor=cursor, server_ms=server_ms, wall=time.time())
+            return
+
+    def _range(self, key: str, start: str) -> list[Event]:
+        return [decode_event(eid, raw) for eid, raw in self._redis.xrange(key, start, "+")]
+
+    def _liveness(self, job_id: str) -> tuple[JobState | None, int | None]:
+        """The liveness check (``follow.verdict_of``) on a fresh read of the snapshot, and the
+        server's time of that read (None where the server refuses ``TIME``: the host's clock
+        gives no resumable id). A snapshot jobpulse cannot read says nothing, as in the hub."""
+        try:
+            status = self._get(job_id, None, fresh=True)
+        except ProtocolError:
+            return None, None
+        server_ms = status.server_ms if self._time.command() is not None else None
+        return verdict_of(status.state), server_ms

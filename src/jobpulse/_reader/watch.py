@@ -10,6 +10,9 @@ How a watcher joins without a gap or a duplicate (``Watch._sync``):
      queues everything after C for it;
   3. it yields history, catch-up, then its queue, dropping any id not above the last it yielded.
 
+The follow rules (which attempt's end ends a watch, the liveness verdict, the synthetic end)
+are ``follow.py``'s, shared with the sync reader's watch.
+
 Attempts: a job id's stream holds every attempt (each opens with a ``start`` entry; entries
 carry the attempt's ``fence``). A terminal entry (``end``, ``stale``) that a later ``start``
 follows belongs to an earlier attempt: it is yielded, but the watch goes on, so a watch follows
@@ -45,7 +48,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections import deque
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from types import TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -55,111 +58,18 @@ from .._protocol.codec import TERMINAL_EVENT_KINDS, parse_stream_id, to_text
 from .._protocol.errors import is_wrongtype
 from ..errors import ProtocolError
 from .event import Event, decode_event
+from .follow import ends_watch, resume_point, superseded
+from .hubtypes import EntryKey, Item, Watcher
 
 if TYPE_CHECKING:
     from .routing import WatchHub
-    from .xread import XReadLoop
 
-__all__ = ["HubStatistics", "Watch"]
+__all__ = ["Watch"]
 
 log = logging.getLogger("jobpulse")
 
 _PAGE = 500
 """Entries per XRANGE page when reading history."""
-
-_Item = Event | BaseException
-"""What a watcher's queue holds: an event, or an error to raise."""
-
-_Key = tuple[int, int] | None
-"""An event's parsed stream id, parsed once by the hub for all the watchers of a stream
-(None for an error or a synthetic event)."""
-
-
-@dataclass(frozen=True, slots=True)
-class HubStatistics:
-    """Counters of one watch hub.
-
-    Attributes:
-        streams: streams followed now.
-        watchers: watchers attached now.
-        xreads: XREAD calls sent.
-        unblocks: CLIENT UNBLOCK calls sent.
-        liveness_checks: liveness pipelines sent.
-        overflows: watchers dropped because their queue was full (they resync by id).
-        loops: XREAD loops (dedicated connections): 1 on a single Redis, one per master
-            followed on a cluster.
-        reroutes: MOVED, ASK, TRYAGAIN or CLUSTERDOWN replies that made a loop re-resolve.
-    """
-
-    streams: int
-    watchers: int
-    xreads: int
-    unblocks: int
-    liveness_checks: int
-    overflows: int
-    loops: int = 1
-    reroutes: int = 0
-
-
-class _Watcher:
-    """The hub's side of one watcher: its bounded queue and where it is attached.
-
-    The queue is a plain deque with at most one waiting future: the hub appends without any
-    await and wakes the watcher only when it waits (with 1,000 watchers of one job, each entry
-    costs 1,000 appends and as many task wake-ups, nothing more)."""
-
-    __slots__ = ("failure", "items", "overflowed", "size", "stream", "waiter")
-
-    def __init__(self, queue_size: int) -> None:
-        self.items: deque[tuple[_Item, _Key]] = deque()
-        self.size = queue_size
-        self.waiter: asyncio.Future[None] | None = None
-        self.stream: _Stream | None = None
-        self.overflowed = False
-        self.failure: BaseException | None = None
-
-    def offer(self, entry: tuple[_Item, _Key]) -> bool:
-        """Queue ``entry`` (an item and its parsed id; one tuple shared by every watcher of the
-        stream); False (and detached) when the queue is full."""
-        if len(self.items) >= self.size:
-            self.overflowed = True
-            self.stream = None
-            return False
-        self.items.append(entry)
-        waiter = self.waiter
-        if waiter is not None:  # _wake(), inlined: the hub calls this once per watcher
-            self.waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
-        return True
-
-    def fail(self, exc: BaseException) -> None:
-        self.failure = exc
-        self.stream = None
-        self._wake()
-
-    def _wake(self) -> None:
-        waiter = self.waiter
-        if waiter is not None:
-            self.waiter = None
-            if not waiter.done():
-                waiter.set_result(None)
-
-    def wait(self) -> asyncio.Future[None]:
-        """A future done at the next offer or failure."""
-        self.waiter = waiter = asyncio.get_running_loop().create_future()
-        return waiter
-
-
-@dataclass(eq=False, slots=True)
-class _Stream:
-    key: str
-    state_key: str
-    alive_key: str
-    cursor: str
-    watchers: set[_Watcher]
-    slot: int = 0
-    loop: XReadLoop | None = None
 
 
 class Watch:
@@ -171,23 +81,12 @@ class Watch:
     def __init__(
         self, hub: WatchHub, redis: Any, job_id: str, events_key: str, last_event_id: str | None
     ) -> None:
-        if last_event_id is not None:
-            try:
-                self._last = parse_stream_id(last_event_id)
-            except (ValueError, TypeError, AttributeError):
-                raise ValueError(
-                    f"last_event_id must be a stream entry id like '1700000000000-0', "
-                    f"got {last_event_id!r}"
-                ) from None
-            last_event_id = f"{self._last[0]}-{self._last[1]}"
-        else:
-            self._last = (0, 0)
-        self._last_id = last_event_id
+        self._last, self._last_id = resume_point(last_event_id)
         self._hub = hub
         self._redis = redis
         self.job_id = job_id
         self._key = events_key
-        self._watcher = _Watcher(hub.queue_size)
+        self._watcher = Watcher(hub.queue_size)
         self._pending: deque[Event | BaseException] = deque()
         self._started = False
         self._done = False
@@ -260,22 +159,25 @@ class Watch:
         """The consumer was cancelled: leave the hub (a consumer that never comes back must not
         stay attached); a later ``__anext__`` resyncs from the last yielded id, losing nothing."""
         self._hub.detach(self._watcher)
-        self._watcher = _Watcher(self._hub.queue_size)
+        self._watcher = Watcher(self._hub.queue_size)
         self._started = False
 
-    def _accept(self, item: _Item, key: _Key = None) -> Event | None:
+    def _accept(self, item: Item, key: EntryKey = None) -> Event | None:
         if isinstance(item, BaseException):
             self._finish()
             raise item
         if item.synthetic:
-            item = replace(item, id=self._last_id or "0-0")
+            # The hub's resume point (see synthetic_event), never below what this watcher
+            # yielded: its history may have run ahead of the hub's cursor.
+            if self._last_id is not None and parse_stream_id(item.id) < self._last:
+                item = replace(item, id=self._last_id)
         else:
             if key is None:
                 key = parse_stream_id(item.id)
             if key <= self._last:
                 return None  # already yielded (history, catch-up and live overlap)
             self._last, self._last_id = key, item.id
-        if item.terminal and item.id not in self._superseded:
+        if ends_watch(item, self._superseded):
             self._finish()
         return item
 
@@ -287,30 +189,16 @@ class Watch:
         """Read the stream after the last yielded id, then (re)attach to the hub."""
         start = "-" if self._last_id is None else f"({self._last_id}"
         history = await self._read(start, "+")
-        self._mark_superseded(history)
+        self._superseded |= superseded(history)
         self._pending.extend(history)
-        if any(
-            not isinstance(e, Event) or (e.terminal and e.id not in self._superseded)
-            for e in history
-        ):
+        if any(not isinstance(e, Event) or ends_watch(e, self._superseded) for e in history):
             return
         last = history[-1].id if history else (self._last_id or "0-0")  # type: ignore[union-attr]
         ahead = self._hub.attach(self._watcher, self.job_id, last)
         if ahead is not None:
             catch_up = await self._read(f"({last}", ahead)
-            self._mark_superseded(catch_up)
+            self._superseded |= superseded(catch_up)
             self._pending.extend(catch_up)
-
-    def _mark_superseded(self, history: list[Event | BaseException]) -> None:
-        """Every terminal entry followed by a ``start`` (a later attempt) in ``history``."""
-        later_start = False
-        for item in reversed(history):
-            if not isinstance(item, Event):
-                continue
-            if item.kind == "start":
-                later_start = True
-            elif item.terminal and later_start:
-                self._superseded.add(item.id)
 
     async def _read(self, start: str, end: str) -> list[Event | BaseException]:
         out: list[Event | BaseException] = []

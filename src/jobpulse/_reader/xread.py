@@ -16,16 +16,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from redis.exceptions import AskError, ClusterDownError, MovedError, ResponseError, TryAgainError
 
+from .._protocol.clock import clock_of
 from .._protocol.cluster import pipelined
-from .._protocol.codec import TERMINAL_STATUSES, parse_stream_id, to_text
+from .._protocol.codec import parse_stream_id, to_text
 from .._protocol.errors import (
     error_code,
     is_redis_fault,
+    is_unknown_command,
     is_wrongtype,
     refuses_blocking,
     tolerate_faults,
@@ -33,12 +36,10 @@ from .._protocol.errors import (
 from ..errors import ProtocolError
 from .backoff import Backoff
 from .event import Event, decode_event
-from .watch import _Stream
+from .follow import liveness_commands, liveness_verdict, synthetic_event
+from .hubtypes import Stream
 
-if TYPE_CHECKING:
-    from .routing import WatchHub
-
-__all__ = ["XReadLoop"]
+__all__ = ["LoopOwner", "XReadLoop"]
 
 log = logging.getLogger("jobpulse")
 
@@ -49,6 +50,16 @@ def _entries(reply: Any) -> list[tuple[str, list[Any]]]:
         return []
     pairs = reply.items() if isinstance(reply, dict) else reply
     return [(to_text(key) or "", list(entries or ())) for key, entries in pairs]
+
+
+class LoopOwner(Protocol):
+    """What a loop needs of the hub that owns it (``routing.WatchHub``)."""
+
+    blocking: bool
+
+    def drop(self, stream: Stream) -> None: ...
+
+    async def reroute(self, loop: XReadLoop) -> None: ...
 
 
 class XReadLoop:
@@ -76,7 +87,7 @@ class XReadLoop:
 
     def __init__(
         self,
-        hub: WatchHub,
+        hub: LoopOwner,
         node: Any,
         redis: Any,
         *,
@@ -104,7 +115,7 @@ class XReadLoop:
         self._interval = liveness_interval
         self._count = count
         self._clock = clock
-        self.streams: dict[str, _Stream] = {}
+        self.streams: dict[str, Stream] = {}
         self._wake = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._unblocker: asyncio.Task[None] | None = None
@@ -124,14 +135,14 @@ class XReadLoop:
 
     # -- membership (synchronous: no await may split them) -------------------------------------
 
-    def add(self, stream: _Stream) -> None:
+    def add(self, stream: Stream) -> None:
         """Follow ``stream`` (new to this loop); starts the loop's task when needed."""
         stream.loop = self
         self.streams[stream.key] = stream
         self._next_liveness = 0.0  # check the new job's liveness right away
         self.wake(stream)
 
-    def wake(self, stream: _Stream) -> None:
+    def wake(self, stream: Stream) -> None:
         """A watcher joined ``stream``: make sure the XREAD names it soon."""
         if self._task is None or self._task.done():
             self._task = asyncio.get_running_loop().create_task(
@@ -141,11 +152,11 @@ class XReadLoop:
         if stream.key not in self._sent:
             self._request_unblock()
 
-    def discard(self, stream: _Stream) -> None:
+    def discard(self, stream: Stream) -> None:
         if self.streams.get(stream.key) is stream:
             del self.streams[stream.key]
 
-    def _drop(self, stream: _Stream) -> None:
+    def _drop(self, stream: Stream) -> None:
         self._hub.drop(stream)
 
     async def close_node(self) -> None:
@@ -310,7 +321,7 @@ class XReadLoop:
             if stream is not None:
                 self._deliver(stream, entries)
 
-    def _deliver(self, stream: _Stream, entries: list[Any]) -> bool:
+    def _deliver(self, stream: Stream, entries: list[Any]) -> bool:
         """Hand ``entries`` to the stream's watchers; True when the stream ended."""
         for entry_id, raw in entries:
             item: Event | BaseException
@@ -328,7 +339,7 @@ class XReadLoop:
         return False
 
     def _offer(
-        self, stream: _Stream, item: Event | BaseException, key: tuple[int, int] | None = None
+        self, stream: Stream, item: Event | BaseException, key: tuple[int, int] | None = None
     ) -> None:
         entry = (item, key)  # one tuple for all the watchers
         full = [watcher for watcher in stream.watchers if not watcher.offer(entry)]
@@ -343,22 +354,17 @@ class XReadLoop:
         self.checks += 1
         commands: list[tuple[str, ...]] = []
         for s in streams:
-            commands += [("HGET", s.state_key, "status"), ("PTTL", s.alive_key)]
+            commands += liveness_commands(s.state_key, s.alive_key)
         replies = await pipelined(self._redis, commands)
         for i, stream in enumerate(streams):
-            status, pttl = replies[2 * i], replies[2 * i + 1]
-            if isinstance(status, Exception) or isinstance(pttl, Exception):
+            verdict = liveness_verdict(replies[2 * i], replies[2 * i + 1])
+            if verdict is None:
                 continue
-            try:
-                status = to_text(status)
-            except UnicodeDecodeError:
+            if self.streams.get(stream.key) is not stream:
                 continue
-            if status == "RUNNING" and pttl == -2:
-                verdict, kind = "STALE", "stale"
-            elif status in TERMINAL_STATUSES:
-                verdict, kind = status, "end"
-            else:
-                continue
+            # The verdict's time, on this server's clock, read before the flush below: every
+            # entry written after it has a larger id (see synthetic_event).
+            server_ms = await self._server_ms()
             if self.streams.get(stream.key) is not stream:
                 continue
             # Entries may be in the stream that no XREAD returned yet: deliver them first.
@@ -369,9 +375,25 @@ class XReadLoop:
                 continue
             if self.streams.get(stream.key) is not stream or self._deliver(stream, rest):
                 continue
-            synthetic = Event(id=stream.cursor, kind=kind, status=verdict, synthetic=True)
+            synthetic = synthetic_event(
+                verdict, cursor=stream.cursor, server_ms=server_ms, wall=time.time()
+            )
             self._offer(stream, synthetic)
             self._drop(stream)
+
+    async def _server_ms(self) -> int | None:
+        """This server's clock (``TIME``, or the name ``script_time`` gave it, on the loop's
+        node), or None when the server refuses it (renamed away, an ACL)."""
+        command = clock_of(self._redis).time_command
+        if command is None:
+            return None
+        try:
+            reply = await self._node.execute_command(command)
+        except ResponseError as exc:
+            if is_unknown_command(exc) or error_code(exc) == "NOPERM":
+                return None
+            raise
+        return int(reply[0]) * 1000 + int(reply[1]) // 1000
 
     async def _fail_foreign_keys(self) -> None:
         """XREAD said WRONGTYPE: end the watchers of every key that is not a stream."""
@@ -394,7 +416,7 @@ class XReadLoop:
             except UnicodeDecodeError:
                 self._fail(stream, ProtocolError(f"{stream.key} holds text that is not UTF-8"))
 
-    def _fail(self, stream: _Stream, error: BaseException) -> None:
+    def _fail(self, stream: Stream, error: BaseException) -> None:
         for watcher in list(stream.watchers):
             watcher.fail(error)
         self._drop(stream)

@@ -48,6 +48,7 @@ from .._protocol.calls import ClaimCode
 from .._protocol.clock import clock_of
 from .._protocol.cluster import pipelined
 from .._protocol.codec import load_json
+from .._protocol.codec import text as _text
 from .._protocol.deadline import cancellable
 from .._protocol.errors import is_noscript, is_redis_fault, is_wrongtype, tolerate_faults
 from .._protocol.keys import KeySchema
@@ -134,11 +135,7 @@ class SweeperConfig:
 
     def __post_init__(self) -> None:
         for name in ("batch", "maxlen"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {value!r}")
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value!r}")
+            check_number(name, getattr(self, name), integer=True, minimum=1, strict=False)
         _check_positive("retention", self.retention)
         _check_positive("redeliver_after", self.redeliver_after)
 
@@ -602,10 +599,6 @@ class Sweeper:
 
 def _check_positive(name: str, value: object) -> None:
     check_number(name, value, minimum=0)
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _int(value: str | None) -> int | None:

@@ -163,6 +163,13 @@ class JobHeartbeat:
         return self._m.stage
 
     @property
+    def lease_held(self) -> bool:
+        """True while this worker holds the job's lease: not lost, and its deadline (by the
+        local monotonic clock) not passed. A queue integration refreshes the queue's own claim
+        only while this holds (the same rule as ``jobpulse.sync.SyncHeartbeat.lease_held``)."""
+        return self._m.lease.held_at(self._clock())
+
+    @property
     def cancelled(self) -> bool:
         """True once the job must stop (a cancel request, a lost lease, or the end)."""
         return self.progress.cancelled

@@ -19,7 +19,7 @@ __all__ = ["BeatOutcome", "Lease", "classify_beat"]
 
 class BeatOutcome(enum.Enum):
     WRITTEN = "written"
-    RESEND_STATIC = "resend static"  # the snapshot was gone (data loss): resend static fields
+    RESEND_STATIC = "resend static"  # the snapshot lost writes that landed: resend everything
     SEQ_BEHIND = "seq behind"  # lease renewed, snapshot already newer: jump seq forward
     LOST = "lost"
 
@@ -58,6 +58,12 @@ class Lease:
     def deadline(self) -> float:
         """Monotonic time after which the lease may have expired on the server."""
         return self.renewed_at + self.ttl
+
+    def held_at(self, now: float) -> bool:
+        """True while the worker may act as the lease's holder: not lost, and its deadline (by
+        the local monotonic clock) not passed. The rule a queue integration's claim keeper asks
+        before each refresh of the queue's claim, in both shells."""
+        return self.lost is None and self.deadline > now
 
     def left(self, now: float) -> float:
         return self.deadline - now

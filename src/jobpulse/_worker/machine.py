@@ -128,6 +128,10 @@ class BeatMachine(Generic[H]):
         self.resume_from: Any = None
         self.lease = Lease(self.cfg.ttl, float("-inf"), LeaseLostCause.EXPIRED)
         self.seq = 0
+        # the highest seq this worker knows the snapshot holds (the acquire's, then each beat
+        # answered written): a beat sends it, and beat.lua answers 3 when the snapshot is
+        # behind it (a restart or failover lost writes that landed)
+        self.landed = 0
         self.started_ms = 0
         self.index_score = 0  # the latest index deadline this worker wrote or read (server ms)
         self.stage = ""
@@ -182,6 +186,7 @@ class BeatMachine(Generic[H]):
                 f"entry could have been dropped); nothing was started"
             )
         self.fence, self.attempt, self.seq = reply.fence, reply.attempt, reply.seq
+        self.landed = reply.seq
         self.resume_from = load_json(reply.resume)
         self._last_checkpoint = reply.resume
         self.started_ms = reply.started_ms
@@ -266,7 +271,9 @@ class BeatMachine(Generic[H]):
         if kind and present[:3] != [0, 1, 2]:
             present = sorted({0, 1, 2, *present})
         names = "".join([_DIGITS[i] for i in present])
-        args: list[Any] = [0, *self.beat_head, self.seq, names + "+" if kind else names]
+        # a beat that resends everything repairs any loss: nothing to check (landed 0)
+        landed = 0 if self._resend_static else self.landed
+        args: list[Any] = [0, *self.beat_head, self.seq, landed, names + "+" if kind else names]
         args += [values[i] for i in present]
         if kind:
             args += [kind, details, self.cfg.maxlen]
@@ -316,20 +323,25 @@ class BeatMachine(Generic[H]):
             verdict.late = True
         if reply.code is BeatCode.SEQ_BEHIND:
             self.seq = max(self.seq, reply.snapshot_seq)
+            self.landed = max(self.landed, reply.snapshot_seq)
             self._requeue(inflight)
             self._known = [None] * len(_ALL)  # a newer snapshot we did not see: resend all
             due = sent_at
+        elif reply.code is BeatCode.RESEND_STATIC:
+            # the snapshot lost writes that landed (empty, or older): nothing of this beat was
+            # written; the next one, at once, sends every field and the static ones
+            self._resend_static = True
+            self._requeue(inflight)
+            self._known = [None] * len(_ALL)
+            due = sent_at
         else:
             self.written += 1
-            self._resend_static = reply.code is BeatCode.RESEND_STATIC
-            if self._resend_static:  # an empty snapshot got only the fields sent
-                self._known = [None] * len(_ALL)
+            self._resend_static = False
+            self.landed = self.seq
             if sent is not None:
                 values, present, reused = sent
                 for i in present:  # a reused seq may be a replay: what it sent is unknown
                     self._known[i] = None if reused else values[i]
-            if self._resend_static:
-                due = sent_at  # resend the static fields at once
             verdict.resolved = handle
         if self._checkpoints:
             due = sent_at  # a checkpoint asked for while this beat was in flight

@@ -133,8 +133,7 @@ class SyncHeartbeat:
         """True while this worker holds the job's lease: not lost, and its deadline (by the
         local monotonic clock) not passed. A queue integration refreshes the queue's own claim
         only while this holds."""
-        lease = self._m.lease
-        return lease.lost is None and lease.deadline > self._clock()
+        return self._m.lease.held_at(self._clock())
 
     @property
     def cancelled(self) -> bool:

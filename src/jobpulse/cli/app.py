@@ -194,10 +194,25 @@ def build_parser() -> argparse.ArgumentParser:
         cmd_serve,
         "Serve GET /jobs/{id}, its SSE events, the dashboard and GET /metrics over HTTP "
         '(needs "jobpulse[http]"; /metrics needs "jobpulse[prometheus]").',
-        "jobpulse serve --host 0.0.0.0 --port 8000",
+        "jobpulse serve --port 8000    (beyond loopback: set JOBPULSE_TOKEN, see docs/security.md)",
     )
-    p.add_argument("--host", default="127.0.0.1", help="the address to bind (127.0.0.1)")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="the address to bind (127.0.0.1); beyond loopback needs --token or --insecure",
+    )
     p.add_argument("--port", type=int, default=8000, help="the port (8000)")
+    p.add_argument(
+        "--token",
+        default=None,
+        help="operator token that cancels and GET /metrics must carry as 'Authorization: "
+        "Bearer TOKEN' (default $JOBPULSE_TOKEN; prefer the variable: arguments show in ps)",
+    )
+    p.add_argument(
+        "--insecure",
+        action="store_true",
+        help="serve beyond loopback without a token (anyone reaching the port may cancel jobs)",
+    )
     _index_shards_option(p)
     return parser
 
@@ -424,8 +439,12 @@ async def _cancel(args: argparse.Namespace, url: str) -> int:
 
 
 def cmd_serve(args: argparse.Namespace, url: str) -> int:
-    """``jobpulse serve [--host H] [--port P]``: the HTTP adapter under uvicorn."""
+    """``jobpulse serve [--host H] [--port P] [--token T | --insecure]``: the HTTP adapter under
+    uvicorn; 64 for a bind beyond loopback without a token (checked before anything else)."""
     import importlib.util
+    import os
+
+    token = args.token if args.token is not None else os.environ.get("JOBPULSE_TOKEN") or None
 
     missing = [m for m in ("starlette", "uvicorn") if importlib.util.find_spec(m) is None]
     if missing:
@@ -439,13 +458,25 @@ def cmd_serve(args: argparse.Namespace, url: str) -> int:
         if (exc.name or "").startswith("jobpulse.http"):
             fail("this jobpulse build has no HTTP adapter")
         raise
+    from ..http.auth import check_token, exposure_error
+
+    try:
+        check_token(token)
+    except ValueError as exc:
+        fail(f"invalid --token / JOBPULSE_TOKEN: {exc}", ExitCode.USAGE)
+    refusal = exposure_error(args.host, token=token, insecure=args.insecure)
+    if refusal is not None:
+        fail(refusal, ExitCode.USAGE)
 
     async def check() -> None:
         async with connect(url):
             pass
 
     asyncio.run(check())  # one clear line if Redis is not there, before uvicorn starts
-    serve(url, args.host, args.port, args.namespace, index_shards=args.index_shards)
+    serve(
+        url, args.host, args.port, args.namespace, index_shards=args.index_shards,
+        token=token, insecure=args.insecure,
+    )  # fmt: skip
     return ExitCode.OK
 
 

@@ -17,7 +17,8 @@ from contextlib import asynccontextmanager
 from typing import Any, NoReturn
 from urllib.parse import urlsplit, urlunsplit
 
-from ..errors import InvalidJobId, ProtocolError
+from .._protocol.errors import failure_of
+from ..errors import InvalidJobId
 
 __all__ = [
     "DEFAULT_URL",
@@ -127,12 +128,9 @@ def unreachable_message(url: str, reason: object) -> str:
 
 
 def is_connection_fault(exc: BaseException) -> bool:
-    """True for the errors that mean "Redis is not there" (or not usable from here)."""
-    from redis.exceptions import RedisError
-
-    return isinstance(exc, RedisError | OSError | TimeoutError) and not isinstance(
-        exc, ProtocolError
-    )
+    """True for the errors that mean "Redis is not there" (or not usable from here): the one
+    error map's ``"unavailable"`` (``_protocol/errors.failure_of``), as the HTTP app's 503."""
+    return failure_of(exc) == "unavailable"
 
 
 @asynccontextmanager
@@ -168,9 +166,9 @@ def report(exc: BaseException, url: str) -> ExitCode:
         message, code = str(exc), exc.code
     elif isinstance(exc, InvalidJobId):
         message, code = str(exc), ExitCode.USAGE
-    elif isinstance(exc, ProtocolError):
+    elif (kind := failure_of(exc)) == "corrupt":
         message, code = f"Redis holds data jobpulse cannot read: {exc}", ExitCode.FAILED
-    elif is_connection_fault(exc):
+    elif kind == "unavailable":
         message, code = unreachable_message(url, exc), ExitCode.UNREACHABLE
     else:
         raise exc

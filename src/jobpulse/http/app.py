@@ -17,7 +17,6 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import inspect
-import logging
 import random
 from collections import OrderedDict
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -32,22 +31,26 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
 
-from .._checks import check_number
+from .._checks import check_number, check_seconds
 from .._protocol.codec import parse_stream_id
-from .._protocol.errors import is_redis_fault
 from .._protocol.keys import check_job_id
 from .._reader.event import Event
 from .._reader.reader import StatusReader
-from .._reader.status import JobState, JobStatus
-from ..errors import InvalidJobId, ProtocolError
+from .._reader.status import JobState, JobStatus, live_statuses
+from ..errors import InvalidJobId
 from . import operate
+from .auth import check_token
 from .longpoll import Crowded, LongPollHub, parse_wait, until_disconnect
+from .responses import error as _error
+from .responses import failure as _failure
+from .responses import fault_message
+from .responses import http_error as _http_error
+from .responses import internal_error as _internal_error
+from .responses import json as _json
 from .retry import RETRY_MIN, cache_control, retry_after
 from .sse import EventStream, encode_event
 
 __all__ = ["Authorize", "HttpConfig", "create_app"]
-
-log = logging.getLogger("jobpulse")
 
 Authorize = Callable[[Request, str], bool | Awaitable[bool]]
 """``authorize(request, job_id)``: True to allow; a plain function or a coroutine function."""
@@ -58,7 +61,6 @@ _MEDIA = {
     "js": "text/javascript; charset=utf-8",
     "css": "text/css; charset=utf-8",
 }
-_LISTED = frozenset({JobState.RUNNING, JobState.STALE})
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -88,22 +90,16 @@ class HttpConfig:
     def __post_init__(self) -> None:
         positive = ("keepalive", "max_wait", "wait_interval")
         for name in (*positive, "retry", "stale_while_revalidate"):
-            value = getattr(self, name)
-            check_number(
-                name, value, minimum=0, strict=name in positive, what="a number of seconds"
-            )
+            check_seconds(name, getattr(self, name), positive=name in positive)
         for name in ("index_shards", "max_jobs", "max_waiters"):
-            value = getattr(self, name)
-            if isinstance(value, bool) or not isinstance(value, int):
-                raise TypeError(f"{name} must be an int, got {value!r}")
-            if value < 1:
-                raise ValueError(f"{name} must be >= 1, got {value!r}")
+            check_number(name, getattr(self, name), integer=True, minimum=1, strict=False)
 
 
 def create_app(
     reader: StatusReader,
     *,
     authorize: Authorize | None = None,
+    token: str | None = None,
     keepalive: float = 15.0,
     retry: float = 2.0,
     index_shards: int = 1,
@@ -127,6 +123,9 @@ def create_app(
         authorize: ``authorize(request, job_id) -> bool`` (sync or async), asked for each job
             a request would show or cancel, and with ``""`` for ``GET /metrics``; False answers
             403 (and leaves the job out of ``GET /jobs``).
+        token: the operator token: ``POST /jobs/{job_id}/cancel`` and ``GET /metrics`` then
+            answer 401 unless the request carries ``Authorization: Bearer <token>`` (checked
+            before ``authorize``). Status, events and the job list stay open to ``authorize``.
         keepalive: seconds between ``: keep-alive`` comments on an idle event stream.
         retry: reconnection delay suggested to EventSource clients (``retry:``), in seconds.
         index_shards: the ``index_shards`` the workers use (for ``GET /jobs``).
@@ -147,12 +146,14 @@ def create_app(
     """
     if authorize is not None and not callable(authorize):
         raise TypeError(f"authorize must be callable, got {authorize!r}")
+    secret = check_token(token)
     config = HttpConfig(
         keepalive=keepalive, retry=retry, index_shards=index_shards, max_jobs=max_jobs,
         max_wait=max_wait, max_waiters=max_waiters, wait_interval=wait_interval,
         stale_while_revalidate=stale_while_revalidate,
     )  # fmt: skip
     service = _Service(reader, authorize, config)
+    service.token = secret
     app = Starlette(
         routes=[
             Route("/", service.dashboard, methods=["GET"]),
@@ -170,39 +171,6 @@ def create_app(
 
 
 # -- responses -------------------------------------------------------------------------------
-
-
-def _json(body: Any, status: int = 200, headers: dict[str, str] | None = None) -> Response:
-    return Response(
-        orjson.dumps(body), status_code=status, headers=headers, media_type="application/json"
-    )
-
-
-def _error(status: int, message: str) -> Response:
-    """A short JSON error: never a stack trace, never what Redis said."""
-    return _json({"error": message}, status, {"cache-control": "no-store"})
-
-
-async def _http_error(request: Request, exc: Exception) -> Response:
-    if not isinstance(exc, HTTPException):  # pragma: no cover - Starlette routes by type
-        return await _internal_error(request, exc)
-    return _error(exc.status_code, str(exc.detail).lower())
-
-
-async def _internal_error(request: Request, exc: Exception) -> Response:
-    log.error("jobpulse http: %s %s failed", request.method, request.url.path, exc_info=exc)
-    return _error(500, "internal error")
-
-
-def _failure(exc: Exception) -> Response:
-    """The response for a failed read of Redis (or a bug, re-raised to the 500 handler)."""
-    if isinstance(exc, ProtocolError):
-        log.warning("jobpulse http: corrupt job data: %s", exc)
-        return _error(502, "job data is corrupt")
-    if is_redis_fault(exc):
-        log.warning("jobpulse http: redis unavailable: %r", exc)
-        return _error(503, "status store unavailable")
-    raise exc
 
 
 def etag_of(status: JobStatus) -> str:
@@ -266,6 +234,7 @@ class _Service:
         self.reader = reader
         self.authorize = authorize
         self.config = config
+        self.token: bytes | None = None  # the operator token (never in a repr or a log)
         package = resources.files(__package__) / "static"
         self.files = {name: (package / name).read_bytes() for name in _STATIC}
         self.frames = _FrameCache()
@@ -286,7 +255,7 @@ class _Service:
 
     # -- helpers --
 
-    async def _allowed(self, request: Request, job_id: str) -> bool:
+    async def allowed(self, request: Request, job_id: str) -> bool:
         if self.authorize is None:
             return True
         verdict = self.authorize(request, job_id)
@@ -313,11 +282,17 @@ class _Service:
 
     async def metrics(self, request: Request) -> Response:
         """``GET /metrics`` (see ``operate.py``)."""
-        return await operate.metrics(self, request)
+        return await operate.metrics(
+            request,
+            self.allowed,
+            self.reader,
+            token=self.token,
+            index_shards=self.config.index_shards,
+        )
 
     async def cancel(self, request: Request) -> Response:
         """``POST /jobs/{job_id}/cancel`` (see ``operate.py``)."""
-        return await operate.cancel(self, request)
+        return await operate.cancel(request, self.allowed, self.reader, token=self.token)
 
     async def dashboard(self, request: Request) -> Response:
         return Response(self.files["dashboard.html"], media_type=_MEDIA["html"])
@@ -348,7 +323,7 @@ class _Service:
         timeout = None if wait is None else parse_wait(wait, self.config.max_wait)
         if wait is not None and timeout is None:
             return _error(400, "invalid wait: seconds, a number >= 0")
-        if not await self._allowed(request, job_id):
+        if not await self.allowed(request, job_id):
             return _error(403, "forbidden")
         try:
             status = await self.reader.get(job_id)
@@ -408,7 +383,7 @@ class _Service:
                 parse_stream_id(last)
             except (ValueError, TypeError):
                 return _error(400, "invalid last event id")
-        if not await self._allowed(request, job_id):
+        if not await self.allowed(request, job_id):
             return _error(403, "forbidden")
         try:
             status = await self.reader.get(job_id)
@@ -437,13 +412,7 @@ class _Service:
             async for event in watch:
                 yield self.frames.frame(job_id, event)
         except Exception as exc:
-            if isinstance(exc, ProtocolError):
-                message = "job data is corrupt"
-            elif is_redis_fault(exc):
-                message = "status store unavailable"
-            else:
-                log.error("jobpulse http: event stream of %s failed", job_id, exc_info=exc)
-                message = "internal error"
+            message = fault_message(exc, f"event stream of {job_id}")
             yield encode_event(orjson.dumps({"error": message}).decode(), event="fault")
         finally:
             await watch.aclose()
@@ -458,20 +427,13 @@ class _Service:
             return _failure(exc)
         allowed = []
         for job_id in ids:
-            if await self._allowed(request, job_id):
+            if await self.allowed(request, job_id):
                 allowed.append(job_id)
         results = await asyncio.gather(
             *(self.reader.get(job_id) for job_id in allowed), return_exceptions=True
         )
-        jobs = []
-        for result in results:
-            if isinstance(result, JobStatus):
-                if result.state in _LISTED:
-                    jobs.append(result.as_dict())
-            elif isinstance(result, ProtocolError):
-                continue  # one corrupt job does not hide the others
-            elif isinstance(result, Exception):
-                return _failure(result)
-            else:
-                raise result
+        try:
+            jobs = [status.as_dict() for status in live_statuses(results)]
+        except Exception as exc:
+            return _failure(exc)
         return _json({"jobs": jobs, "truncated": truncated}, headers={"cache-control": "no-store"})

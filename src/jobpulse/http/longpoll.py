@@ -18,11 +18,11 @@ Why tasks of its own instead of a task group: a mounted Starlette app gets no li
 so nothing would own a group. Each task lives exactly as long as requests are parked on its job
 (the last one to leave cancels it) and is kept in ``self._jobs``, never dropped on the floor.
 
-Versions are ordered by ``(fence, seq)`` (the contract's order of a job id's writes over its
-whole life), then STALE after the RUNNING snapshot it was derived from, then a pending cancel
-request (a flag set without a new seq) — every change the app's ETag shows. The hub keeps the newest
-status it has seen (from its task or from a request joining), so reads that resume out of order
-never show a parked request an older version than the one it holds.
+Versions are ordered by ``follow.order_of``: ``(fence, seq)`` (the contract's order of a job id's
+writes over its whole life), then STALE after the RUNNING snapshot it was derived from, then a
+pending cancel request (a flag set without a new seq) — every change the app's ETag shows. The
+hub keeps the newest status it has seen (from its task or from a request joining), so reads that
+resume out of order never show a parked request an older version than the one it holds.
 
 Invariants: ``parked`` counts the requests inside :meth:`LongPollHub.wait` (the bound is checked
 and the count raised in one synchronous step, so it is never exceeded); a job's entry exists
@@ -40,7 +40,8 @@ from dataclasses import dataclass
 
 from starlette.types import Receive
 
-from .._reader.status import JobState, JobStatus
+from .._reader.follow import order_of
+from .._reader.status import JobStatus
 
 __all__ = [
     "Crowded",
@@ -48,7 +49,6 @@ __all__ = [
     "LongPollStatistics",
     "parse_wait",
     "until_disconnect",
-    "version",
 ]
 
 log = logging.getLogger("jobpulse")
@@ -96,13 +96,6 @@ class LongPollStatistics:
     reads: int
     wakes: int
     refused: int
-
-
-def version(status: JobStatus) -> tuple[int, int, bool, bool]:
-    """The order of a job's snapshots: ``(fence, seq)``, then STALE after its RUNNING, then a
-    cancel request (``cancel.lua`` sets its flag without a new seq; the ETag shows it)."""
-    stale = status.state is JobState.STALE
-    return (status.fence or 0, status.seq or 0, stale, bool(status.cancel_requested))
 
 
 class _Job:
@@ -177,7 +170,7 @@ class LongPollHub:
         if job is None:
             job = self._jobs[job_id] = _Job(current)
             job.task = asyncio.create_task(self._follow(job_id, job), name=f"longpoll:{job_id}")
-        elif version(current) > version(job.status):
+        elif order_of(current) > order_of(job.status):
             job.status = current
         job.parked += 1
         try:
@@ -185,7 +178,7 @@ class LongPollHub:
                 while True:
                     if job.error is not None:
                         raise job.error
-                    if version(job.status) > version(current):
+                    if order_of(job.status) > order_of(current):
                         return job.status
                     await job.changed.wait()
         except TimeoutError:
@@ -212,7 +205,7 @@ class LongPollHub:
                 job.error = exc
                 self._wake(job)
                 return
-            if version(status) > version(job.status):
+            if order_of(status) > order_of(job.status):
                 job.status = status
                 self._wakes += 1
                 self._wake(job)

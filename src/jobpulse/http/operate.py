@@ -1,86 +1,106 @@
 """The operator's routes: ``GET /metrics`` (Prometheus) and ``POST /jobs/{job_id}/cancel``.
 
-Both go through the app's ``authorize(request, job_id)`` hook: ``/metrics`` asks it with the
-job id ``""`` (no job), the cancel route with the job's id and ``request.method == "POST"``, so
-a hook can allow reading a job and refuse cancelling it. ``POST .../cancel?dry_run=1`` asks the
-hook and cancels nothing: the dashboard shows its cancel button only when that answers 200.
+With an operator token (``create_app(token=...)``, ``jobpulse serve --token``) both answer 401
+with ``WWW-Authenticate: Bearer`` unless the request carries ``Authorization: Bearer <token>``,
+before anything else is looked at. Then both go through the app's ``authorize(request, job_id)``
+hook: ``/metrics`` asks it with the job id ``""`` (no job), the cancel route with the job's id
+and ``request.method == "POST"``, so a hook can allow reading a job and refuse cancelling it.
+``POST .../cancel?dry_run=1`` asks the token check and the hook and cancels nothing: the
+dashboard shows its cancel button only when that answers 200.
+
+The app (``app.py``) hands each route what it needs (the token, the hook, the reader); this
+module knows nothing of the app, and answers a failed Redis call through the one error map
+(``responses.failure``).
 """
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from collections.abc import Awaitable, Callable
 
-import orjson
 from starlette.requests import Request
 from starlette.responses import Response
 
 from .._protocol.keys import check_job_id
+from .._reader.reader import StatusReader, client_of
 from .._recovery.control import request_cancel
 from ..errors import InvalidJobId
+from .auth import bearer_allows
+from .responses import error, failure, json
 
-if TYPE_CHECKING:
-    from .app import _Service
-
-__all__ = ["cancel", "metrics"]
+__all__ = ["Allowed", "cancel", "metrics"]
 
 _SUFFIX = "/cancel"
 
+Allowed = Callable[[Request, str], Awaitable[bool]]
+"""The app's ``authorize`` hook, awaited: ``allowed(request, job_id)``."""
 
-def _json(body: Any, status: int = 200) -> Response:
-    return Response(
-        orjson.dumps(body),
-        status_code=status,
-        media_type="application/json",
-        headers={"cache-control": "no-store"},
-    )
+_NO_STORE = {"cache-control": "no-store"}
 
 
-async def metrics(service: _Service, request: Request) -> Response:
+def _unauthenticated(token: bytes | None, request: Request) -> Response | None:
+    """401 when the app has a token and the request does not carry it, else None."""
+    if bearer_allows(request.headers.get("authorization"), token):
+        return None
+    response = error(401, "unauthorized: this route needs the operator token")
+    response.headers["www-authenticate"] = 'Bearer realm="jobpulse"'
+    return response
+
+
+async def metrics(
+    request: Request,
+    allowed: Allowed,
+    reader: StatusReader,
+    *,
+    token: bytes | None,
+    index_shards: int,
+) -> Response:
     """``GET /metrics``: the census of the namespace and this process's worker counters."""
-    if not await service._allowed(request, ""):
-        return _json({"error": "forbidden"}, 403)
+    refused = _unauthenticated(token, request)
+    if refused is not None:
+        return refused
+    if not await allowed(request, ""):
+        return error(403, "forbidden")
     try:
         from ..metrics.prometheus import CONTENT_TYPE, scrape
     except ImportError:  # prometheus_client is missing
-        return _json({"error": "metrics need the jobpulse[prometheus] extra"}, 501)
-    reader = service.reader
+        return error(501, "metrics need the jobpulse[prometheus] extra")
     try:
         body = await scrape(
-            reader._redis, namespace=reader.namespace, index_shards=service.config.index_shards
+            client_of(reader), namespace=reader.namespace, index_shards=index_shards
         )
     except Exception as exc:
-        from .app import _failure
-
-        return _failure(exc)
-    return Response(body, media_type=CONTENT_TYPE, headers={"cache-control": "no-store"})
+        return failure(exc)
+    return Response(body, media_type=CONTENT_TYPE, headers=_NO_STORE)
 
 
-async def cancel(service: _Service, request: Request) -> Response:
+async def cancel(
+    request: Request, allowed: Allowed, reader: StatusReader, *, token: bytes | None
+) -> Response:
     """``POST /jobs/{job_id}/cancel``: ask the job's worker to stop (``request_cancel``).
 
     Answers 200 ``{"cancelled": true}`` when the request is recorded, 409 when the job is not
-    running, 403 when ``authorize`` refuses, 400 for an invalid id; with ``?dry_run=1``,
-    200 ``{"allowed": true}`` and nothing cancelled.
+    running, 401 without the operator token, 403 when ``authorize`` refuses, 400 for an invalid
+    id; with ``?dry_run=1``, 200 ``{"allowed": true}`` and nothing cancelled.
     """
     rest: str = request.path_params["rest"]
     if not rest.endswith(_SUFFIX):
-        return _json({"error": "method not allowed"}, 405)
+        return error(405, "method not allowed")
+    refused = _unauthenticated(token, request)
+    if refused is not None:
+        return refused
     job_id = rest[: -len(_SUFFIX)]
     try:
         check_job_id(job_id)
     except InvalidJobId:
-        return _json({"error": "invalid job id"}, 400)
-    if not await service._allowed(request, job_id):
-        return _json({"error": "forbidden"}, 403)
+        return error(400, "invalid job id")
+    if not await allowed(request, job_id):
+        return error(403, "forbidden")
     if request.query_params.get("dry_run") in ("1", "true"):
-        return _json({"allowed": True})
-    reader = service.reader
+        return json({"allowed": True}, headers=_NO_STORE)
     try:
-        done = await request_cancel(reader._redis, job_id, namespace=reader.namespace)
+        done = await request_cancel(client_of(reader), job_id, namespace=reader.namespace)
     except Exception as exc:
-        from .app import _failure
-
-        return _failure(exc)
+        return failure(exc)
     if not done:
-        return _json({"error": "job is not running"}, 409)
-    return _json({"cancelled": True})
+        return error(409, "job is not running")
+    return json({"cancelled": True}, headers=_NO_STORE)

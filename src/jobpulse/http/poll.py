@@ -18,11 +18,12 @@ from typing import Any
 import httpx
 
 from .._reader.backoff import Backoff
+from .._reader.status import JobState
 from ..errors import JobpulseError
 
 __all__ = ["PollError", "poll"]
 
-_SETTLED = frozenset({"COMPLETED", "FAILED", "CANCELLED", "LOST", "STALE"})
+_SETTLED = frozenset(state.value for state in JobState if state.is_settled)
 _RETRIED = frozenset({429, 503})
 
 

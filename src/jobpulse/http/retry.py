@@ -28,7 +28,7 @@ import math
 import random
 
 from .._reader.backoff import Backoff
-from .._reader.status import JobState, JobStatus
+from .._reader.status import LIVE_STATES, JobState, JobStatus
 
 __all__ = ["RETRY_MAX", "RETRY_MIN", "base_delay", "cache_control", "retry_after"]
 
@@ -57,7 +57,7 @@ def retry_after(status: JobStatus, rng: random.Random) -> int | None:
         status: the status being answered.
         rng: the random source of the jitter and the rounding.
     """
-    if status.state not in (JobState.RUNNING, JobState.STALE):
+    if status.state not in LIVE_STATES:
         return None
     age = None
     if status.started_ms is not None and status.server_ms is not None:

@@ -11,6 +11,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from .._protocol.keys import check_namespace
+from .auth import check_token, exposure_error
 
 __all__ = ["serve", "serve_async"]
 
@@ -25,6 +26,8 @@ async def serve_async(
     keepalive: float = 15.0,
     index_shards: int = 1,
     log_level: str = "info",
+    token: str | None = None,
+    insecure: bool = False,
 ) -> None:
     """Serve the app until told to stop (SIGINT / SIGTERM); see :func:`serve`.
 
@@ -41,6 +44,12 @@ async def serve_async(
         keepalive: seconds between SSE keep-alive comments.
         index_shards: the workers' ``index_shards``.
         log_level: uvicorn's log level.
+        token: the operator token cancels and ``/metrics`` require (see :func:`serve`).
+        insecure: serve beyond loopback without a token.
+
+    Raises:
+        ValueError: ``host`` (or ``sock``'s address) is beyond loopback and there is no token
+            nor ``insecure``; or the token is malformed.
     """
     import redis.asyncio as aioredis
     import uvicorn
@@ -49,10 +58,15 @@ async def serve_async(
     from .app import create_app
 
     check_namespace(namespace)
+    check_token(token)
+    bound = host if sock is None else str(sock.getsockname()[0])
+    refusal = exposure_error(bound, token=token, insecure=insecure)
+    if refusal is not None:
+        raise ValueError(refusal)
     client = aioredis.Redis.from_url(redis_url)
     try:
         async with StatusReader(client, namespace=namespace) as reader:
-            app = create_app(reader, keepalive=keepalive, index_shards=index_shards)
+            app = create_app(reader, token=token, keepalive=keepalive, index_shards=index_shards)
             config = uvicorn.Config(
                 app, host=host, port=port, log_level=log_level, lifespan="off",
                 timeout_graceful_shutdown=2,
@@ -104,8 +118,14 @@ def serve(
     keepalive: float = 15.0,
     index_shards: int = 1,
     log_level: str = "info",
+    token: str | None = None,
+    insecure: bool = False,
 ) -> None:
     """Run the dashboard and the JSON / SSE endpoints with uvicorn; blocks until stopped.
+
+    With ``token``, ``POST /jobs/{id}/cancel`` and ``GET /metrics`` answer 401 unless the request
+    carries ``Authorization: Bearer <token>`` (the dashboard takes it from its URL fragment,
+    ``/#token=...``). Without one, ``serve`` refuses to bind beyond loopback unless ``insecure``.
 
     Args:
         redis_url: ``redis://`` URL of the server holding the jobs.
@@ -115,9 +135,13 @@ def serve(
         keepalive: seconds between SSE keep-alive comments.
         index_shards: the workers' ``index_shards``.
         log_level: uvicorn's log level.
+        token: the operator token (printable ASCII without spaces), or None.
+        insecure: bind beyond loopback (``0.0.0.0``, a public address) without a token.
 
     Raises:
         InvalidJobId: ``namespace`` is invalid.
+        ValueError: ``host`` is beyond loopback without a token nor ``insecure``, or the token
+            is malformed; raised before anything is bound.
     """
     asyncio.run(
         serve_async(
@@ -128,11 +152,14 @@ def serve(
             keepalive=keepalive,
             index_shards=index_shards,
             log_level=log_level,
+            token=token,
+            insecure=insecure,
         )
     )
 
 
 if __name__ == "__main__":  # python -m jobpulse.http.serve URL [HOST PORT NAMESPACE]
+    import os
     import sys
 
     args = sys.argv[1:]
@@ -141,4 +168,5 @@ if __name__ == "__main__":  # python -m jobpulse.http.serve URL [HOST PORT NAMES
         args[1] if len(args) > 1 else "127.0.0.1",
         int(args[2]) if len(args) > 2 else 8000,
         args[3] if len(args) > 3 else "jobpulse",
+        token=os.environ.get("JOBPULSE_TOKEN") or None,
     )

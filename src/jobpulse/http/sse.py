@@ -107,8 +107,10 @@ class EventStream(Response):
         pump = asyncio.ensure_future(self._pump(state))
         listen = asyncio.ensure_future(self._listen(receive))
         keepalive = asyncio.ensure_future(self._keepalive(state))
-        stop = asyncio.ensure_future(self._drained(state))
-        tasks = (pump, listen, keepalive, stop)
+        ends = {pump, listen}
+        if self.until is not None:  # else nothing ends the stream but its source or its client
+            ends.add(asyncio.ensure_future(self._drained(self.until, state)))
+        tasks = (keepalive, *ends)
         try:
             await send(
                 {
@@ -117,7 +119,7 @@ class EventStream(Response):
                     "headers": [(k.encode(), v.encode()) for k, v in headers.items()],
                 }
             )
-            await asyncio.wait({pump, listen, stop}, return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait(ends, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for task in tasks:
                 task.cancel()
@@ -134,12 +136,10 @@ class EventStream(Response):
             with contextlib.suppress(Exception):
                 await aclose()
 
-    async def _drained(self, out: _Writer) -> None:
-        """Return once the server drains, after ending the response (never: no ``until``)."""
-        if self.until is None:
-            await asyncio.Future()  # cancelled with the others
-            return
-        await self.until.wait()
+    @staticmethod
+    async def _drained(until: asyncio.Event, out: _Writer) -> None:
+        """Return once the server drains (``until`` is set), after ending the response."""
+        await until.wait()
         with contextlib.suppress(OSError):
             await out.end()
 

@@ -11,9 +11,14 @@ A queue integration runs each task as::
 time) at once and then every ``interval`` seconds.
 
 Invariants:
-  * the queue's claim is refreshed only while this worker holds the job's jobpulse lease (the
-    keeper lives inside the ``async with heartbeat``), so a claim outlives a dead worker by at most
-    ``claim_ttl`` seconds;
+  * the queue's claim is refreshed only while this worker holds the job's jobpulse lease: the
+    keeper lives inside the ``async with heartbeat`` and, in both shells, asks the heartbeat's
+    ``lease_held`` before each refresh (:class:`ClaimHold`); once the lease is lost it stops for
+    good, so an orphaned body (a thread that outlives ``LeaseLost``) never keeps the claim of a
+    job another attempt owns, and a claim outlives a dead worker by at most ``claim_ttl`` seconds;
+  * a lease held by another attempt is waited for only while that holder is not alive
+    (:func:`holder_alive`, both shells): a duplicate delivery of a live job raises ``JobBusy``
+    before its body runs, even when the live run ends while it looks;
   * a failing refresh never stops the task: it is logged (rate-limited) and tried again next
     period — the heartbeat's own lease rules decide when a job must stop;
   * the task's return value and exceptions pass through unchanged (only what the heartbeat itself
@@ -44,9 +49,13 @@ from typing import Any
 
 import redis as redis_sync
 
+from .._protocol.errors import is_redis_fault
 from .._protocol.keys import check_namespace
 from .._protocol.ratelimit import RateLimitedLog
 from .._protocol.rebuild import RedisFactory, checked_factory, factory_of
+from .._reader.reader import StatusReader
+from .._reader.status import JobState, JobStatus
+from .._reader.sync_reader import SyncStatusReader
 from .._worker.config import MAX_KIND_CHARS, HeartbeatConfig
 from .._worker.current import current
 from .._worker.heartbeat import JobHeartbeat, heartbeat
@@ -57,8 +66,12 @@ from ..errors import JobBusy
 
 __all__ = [
     "WRAPPED",
+    "ClaimHold",
     "HelperClaim",
+    "HolderView",
     "PulseOptions",
+    "hold_back",
+    "holder_alive",
     "job_id_for",
     "keep_claim",
     "keep_claim_sync",
@@ -125,16 +138,17 @@ class PulseOptions:
         namespace: jobpulse's key prefix.
         redis: the ``redis.asyncio`` client jobpulse writes to; None (the default) uses the
             queue's own connection.
-        sidecar: the tasks that run in a thread (every task of a sync queue) send their beats,
-            and refresh the queue's claim, from jobpulse's helper process (``sidecar=True`` of
-            ``jobpulse.sync.heartbeat``), so a body that holds the GIL delays neither.
+        sidecar: (sync integrations: Celery, RQ, Dramatiq; their default is True) send each
+            task's beats, and refresh the queue's claim, from jobpulse's helper process
+            (``jobpulse.sync.heartbeat(..., sidecar=True)``), so a body that holds the GIL
+            delays neither. The asyncio integrations do not use it (False).
     """
 
     interval: float = 1.0
     ttl: float = 6.0
     namespace: str = "jobpulse"
     redis: Any = None
-    sidecar: bool = True
+    sidecar: bool = False
 
     def __post_init__(self) -> None:
         HeartbeatConfig(interval=self.interval, ttl=self.ttl)
@@ -162,6 +176,65 @@ def refresh_delays(period: float) -> Iterator[float]:
         yield period
 
 
+@dataclass(slots=True)
+class ClaimHold:
+    """Whether a claim keeper may still refresh the queue's claim: the one rule of both shells.
+
+    :meth:`ask` takes the heartbeat's ``lease_held`` before each refresh; once it was False the
+    answer stays False (a lease lost, or past its deadline, is never refreshed on: another
+    attempt may own the job by now).
+    """
+
+    holding: bool = True
+
+    def ask(self, lease_held: bool) -> bool:
+        """True when this refresh may go out."""
+        self.holding = self.holding and lease_held
+        return self.holding
+
+
+@dataclass(frozen=True, slots=True)
+class HolderView:
+    """What a duplicate attempt sees of the attempt that holds the job's lease: the snapshot's
+    state (the reader's verdict), fence and last beat time (server ms)."""
+
+    state: JobState
+    fence: int | None
+    heartbeat_ms: int | None
+
+    @classmethod
+    def of(cls, status: JobStatus) -> HolderView:
+        return cls(status.state, status.fence, status.heartbeat_ms)
+
+
+#: States only a live holder writes: its own end (a dead holder writes none).
+_ENDED_BY_HOLDER = frozenset({JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED})
+
+
+def holder_alive(first: HolderView, now: HolderView) -> bool:
+    """Is the holder that refused our acquire alive? ``first`` is what was read after the first
+    refusal, ``now`` what was read after the latest.
+
+    Alive: it wrote its end (COMPLETED, FAILED or CANCELLED), it beat since ``first`` (same
+    fence, a later ``heartbeat_ms``), or a newer attempt started (another fence, RUNNING). A
+    holder that did none of these since ``first`` — a dead worker whose lease has not expired
+    yet, or a job a sweeper took over (LOST) — is waited for. So a duplicate delivery of a live
+    job never runs its body, also when the live run ends while the duplicate waits (the old
+    rule, "wait for any holder", then took the lease and ran the whole job again).
+    """
+    if now.state in _ENDED_BY_HOLDER or first.state in _ENDED_BY_HOLDER:
+        return True
+    if now.state is not JobState.RUNNING and now.state is not JobState.STALE:
+        return False  # LOST (claimed by a sweeper) or no snapshot: nobody live holds it
+    if now.fence != first.fence:
+        return now.state is JobState.RUNNING
+    return now.heartbeat_ms != first.heartbeat_ms
+
+
+#: What a duplicate attempt reads of the holder (the verdict fields come with any read).
+_HOLDER_FIELDS = ("fence", "heartbeat_ms")
+
+
 @contextlib.asynccontextmanager
 async def keep_claim(
     refresh: Callable[[], Awaitable[object]],
@@ -174,13 +247,13 @@ async def keep_claim(
 
     The refresh loop is a task owned by this block: at exit it is told to stop, cancelled and
     awaited, whatever the block raised. Each refresh is bounded by ``period``; an error is logged
-    and the next refresh tried on schedule. ``holds()`` is asked before each refresh; once it
-    says False (the lease is lost) the loop stops refreshing for good.
+    and the next refresh tried on schedule. ``holds()`` is asked before each refresh
+    (:class:`ClaimHold`): once it said False the loop ends, so a body that outlives its lease
+    (a thread) never keeps the queue's claim.
     """
     stop = asyncio.Event()
-    task = asyncio.get_running_loop().create_task(
-        _refresh_loop(refresh, period, job_id, stop, holds)
-    )
+    loop = _refresh_loop(refresh, period, job_id, stop, holds)
+    task = asyncio.get_running_loop().create_task(loop)
     try:
         yield
     finally:
@@ -200,11 +273,12 @@ async def _refresh_loop(
     # may) must not keep this loop alive. A first version without `stop` hung, now and then, at
     # the exit of a job whose body returned during the first refresh (arq worker, redis-py 8).
     warn = RateLimitedLog(log, time.monotonic)
+    hold = ClaimHold()
     for delay in refresh_delays(period):
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(delay):
                 await stop.wait()
-        if stop.is_set() or not holds():
+        if stop.is_set() or not hold.ask(holds()):
             return
         try:
             async with asyncio.timeout(period):
@@ -219,7 +293,7 @@ async def pulse(
     redis: Any,
     queue_job_id: str | bytes,
     task_name: str,
-    refresh: Callable[[], Awaitable[object]],
+    refresh: Callable[[], Awaitable[object]] | None,
 ) -> AsyncIterator[JobHeartbeat]:
     """Run the block under ``heartbeat()`` for a queue's job, keeping the queue's claim fresh.
 
@@ -228,14 +302,20 @@ async def pulse(
         redis: the client jobpulse writes to (``options.redis`` wins when set).
         queue_job_id: the queue's job id, mapped by :func:`job_id_for`.
         task_name: the task's name, the job's ``kind`` (mapped by :func:`kind_for`).
-        refresh: the queue's claim refresh, called every ``options.interval`` seconds.
+        refresh: the queue's claim refresh, called every ``options.interval`` seconds while the
+            heartbeat holds its lease; None: the integration keeps the claim itself (taskiq's
+            worker-wide keeper).
 
-    A lease still held by another attempt (JobBusy) is waited for up to ``claim_ttl``: a queue
-    may hand a dead worker's job on a moment before that worker's lease has expired.
+    A lease held by another attempt (JobBusy) is waited for, up to ``claim_ttl``, only while
+    that holder is not alive (:func:`holder_alive`): a queue may hand a dead worker's job on a
+    moment before that worker's lease has expired; a live holder means a duplicate delivery,
+    which raises ``JobBusy`` before the body runs.
     """
     job_id = job_id_for(queue_job_id)
     client = options.redis if options.redis is not None else redis
     deadline = time.monotonic() + options.claim_ttl
+    first: HolderView | None = None
+    reader: StatusReader | None = None
     while True:
         hb = heartbeat(
             client,
@@ -244,25 +324,45 @@ async def pulse(
             ttl=options.ttl,
             namespace=options.namespace,
             kind=kind_for(task_name),
-            sidecar=False,  # the integrations' use of the sidecar: a follow-up (issue 29)
         )
-        assert isinstance(hb, JobHeartbeat)
         try:
             await hb.__aenter__()
         except JobBusy:
-            if time.monotonic() >= deadline:
+            if reader is None:
+                reader = StatusReader(client, namespace=options.namespace, cache_ttl=0)
+            view = await _holder(reader.get(job_id, _HOLDER_FIELDS))
+            first = first or view
+            if time.monotonic() >= deadline or (view and first and holder_alive(first, view)):
                 raise
             await asyncio.sleep(min(options.interval, 0.25))
             continue
         break
+
+    def holds() -> bool:
+        return hb.lease_held
+
     try:
-        async with keep_claim(refresh, options.interval, job_id=job_id):
+        if refresh is None:
             yield hb
+        else:
+            async with keep_claim(refresh, options.interval, job_id=job_id, holds=holds):
+                yield hb
     except BaseException as exc:
         await hb.__aexit__(type(exc), exc, exc.__traceback__)
         raise
     else:
         await hb.__aexit__(None, None, None)
+
+
+async def _holder(read: Awaitable[JobStatus]) -> HolderView | None:
+    """The holder's view, or None when Redis could not be read (then the wait goes on, up to
+    its deadline: the next refusal reads again)."""
+    try:
+        return HolderView.of(await read)
+    except Exception as exc:
+        if not is_redis_fault(exc):
+            raise
+        return None
 
 
 async def run_in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
@@ -272,7 +372,9 @@ async def run_in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) ->
     A thread cannot be cancelled: when the awaiting task is cancelled, the job's
     ``progress.cancelled`` is set (so ``jobpulse.current().progress.check()`` raises in the
     thread) and this waits for the function to return before the cancellation goes on, so two
-    runs of a job never overlap.
+    runs of a job never overlap. Every further cancel while it waits (SAQ cancels again at its
+    ``cancellation_hard_deadline_s``; an anyio scope cancels at every ``await``) is held back
+    the same way: the heartbeat, and with it the lease, lives until the thread has returned.
     """
     context = contextvars.copy_context()
     future = asyncio.get_running_loop().run_in_executor(
@@ -284,8 +386,16 @@ async def run_in_thread(fn: Callable[..., Any], /, *args: Any, **kwargs: Any) ->
         hb = current()
         if hb is not None:  # cancelled from outside (a queue's timeout): check() raises now
             hb.progress._cancel()
-        await asyncio.wait({future})
+        await hold_back(future)
         raise
+
+
+async def hold_back(waited: asyncio.Future[Any]) -> None:
+    """Wait for ``waited`` to end, holding back every cancel of the caller meanwhile (a queue may
+    cancel again and again: SAQ's hard deadline, an anyio scope); the caller re-raises."""
+    while not waited.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({waited})
 
 
 _SYNC_CLASSES: dict[str, type[Any]] = {
@@ -376,11 +486,11 @@ def keep_claim_sync(
 
     def loop() -> None:
         warn = RateLimitedLog(log, time.monotonic)
-        holding = refresh is not None
+        hold = ClaimHold(refresh is not None)
         for delay in refresh_delays(period):
             if stop.wait(delay):
                 return
-            holding = holding and holds()
+            holding = hold.ask(holds())
             if not holding and watch is None:
                 return
             try:
@@ -426,6 +536,8 @@ def pulse_sync(
     if keeper is not None:
         refresh = None  # the helper refreshes the claim
     deadline = time.monotonic() + options.claim_ttl
+    first: HolderView | None = None
+    reader: SyncStatusReader | None = None
     while True:
         hb = sync_heartbeat(
             client,
@@ -441,7 +553,11 @@ def pulse_sync(
         try:
             hb.__enter__()
         except JobBusy:
-            if time.monotonic() >= deadline:
+            if reader is None:
+                reader = SyncStatusReader(client, namespace=options.namespace, cache_ttl=0)
+            view = _holder_sync(reader, job_id)
+            first = first or view
+            if time.monotonic() >= deadline or (view and first and holder_alive(first, view)):
                 raise
             time.sleep(min(options.interval, 0.25))
             continue
@@ -463,3 +579,13 @@ def pulse_sync(
         raise
     else:
         hb.__exit__(None, None, None)
+
+
+def _holder_sync(reader: SyncStatusReader, job_id: str) -> HolderView | None:
+    """:func:`_holder` for the sync shell."""
+    try:
+        return HolderView.of(reader.get(job_id, _HOLDER_FIELDS))
+    except Exception as exc:
+        if not is_redis_fault(exc):
+            raise
+        return None

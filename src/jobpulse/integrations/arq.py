@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from arq.constants import abort_jobs_ss, in_progress_key_prefix
@@ -35,8 +35,10 @@ from arq.worker import Function, func
 if TYPE_CHECKING:
     from arq.typing import WorkerCoroutine
 
+from .._worker.heartbeat import JobHeartbeat
 from ..errors import JobCancelled
-from ._common import WRAPPED, PulseOptions, pulse
+from ._common import WRAPPED, PulseOptions
+from ._settle import SettledRun
 
 __all__ = ["instrument", "instrument_function"]
 
@@ -45,6 +47,11 @@ S = TypeVar("S")
 #: How long a job cancelled by ``request_cancel`` waits for arq to abort it before it fails
 #: with ``JobCancelled`` instead (arq aborts at its next poll, every ``poll_delay`` seconds).
 ABORT_WAIT = 10.0
+
+# Keys of arq's per-job context: set by instrument()'s on_job_start hook (the after_job_end hook
+# will come), and the run whose heartbeat end waits for that hook.
+_HOOKED = "jobpulse_hooked"
+_SETTLED = "jobpulse_settled"
 
 
 def instrument_function(
@@ -79,9 +86,16 @@ def instrument_function(
             # PEXPIRE never creates the key: once arq deleted it at the end, this is a no-op.
             await queue.pexpire(key, claim_ms)
 
+        async def body(hb: JobHeartbeat) -> Any:
+            return await inner(ctx, *args, **kwargs)
+
+        hooked = bool(ctx.get(_HOOKED))
+        run = SettledRun(
+            options, queue, job_id, name, refresh, body, settle=hooked, wait=options.ttl
+        )
+        ctx[_SETTLED] = run
         try:
-            async with pulse(options, queue, job_id, name, refresh):
-                return await inner(ctx, *args, **kwargs)
+            return await run.result()
         except JobCancelled:
             if not abort_via_arq:
                 raise
@@ -108,7 +122,8 @@ def instrument(
     Use it as a class decorator (``@instrument``) or call it
     (``WorkerSettings = instrument(WorkerSettings, ttl=10)``); a settings ``dict`` is returned as
     a new dict. ``allow_abort_jobs`` is set to True unless the settings set it. ``cron_jobs`` are
-    not instrumented.
+    not instrumented. An ``on_job_start`` and an ``after_job_end`` hook are called before the
+    settings' own: the heartbeat's end is written after arq stored the job's result.
 
     Args:
         settings: an arq ``WorkerSettings`` class or dict.
@@ -127,9 +142,44 @@ def instrument(
     values: dict[str, Any] = dict(settings if isinstance(settings, dict) else vars(settings))
     abort = values.get("allow_abort_jobs", True)
     functions: Sequence[Any] = values.get("functions", ())
-    wrapped = [instrument_function(f, options, abort_via_arq=abort) for f in functions]
+    changes = {
+        "functions": [instrument_function(f, options, abort_via_arq=abort) for f in functions],
+        "allow_abort_jobs": abort,
+        "on_job_start": _before(_mark_hooked, values.get("on_job_start")),
+        "after_job_end": _before(_end_after_arq, values.get("after_job_end")),
+    }
     if isinstance(settings, dict):
-        return {**settings, "functions": wrapped, "allow_abort_jobs": abort}  # type: ignore[return-value]
-    setattr(settings, "functions", wrapped)  # noqa: B010
-    setattr(settings, "allow_abort_jobs", abort)  # noqa: B010
+        return {**settings, **changes}  # type: ignore[return-value]
+    for name, value in changes.items():
+        setattr(settings, name, value)
     return settings
+
+
+def _before(ours: Callable[[dict[Any, Any]], Awaitable[None]], theirs: Any) -> Any:
+    """arq's hook setting (one coroutine function or None) with ours called first."""
+    if theirs is None or getattr(theirs, WRAPPED, False):
+        return ours if theirs is None else theirs
+
+    async def both(ctx: dict[Any, Any]) -> None:
+        await ours(ctx)
+        await theirs(ctx)
+
+    setattr(both, WRAPPED, True)
+    return both
+
+
+async def _mark_hooked(ctx: dict[Any, Any]) -> None:
+    """on_job_start: the job's heartbeat end may wait for arq's result (the hook below)."""
+    ctx[_HOOKED] = True
+
+
+async def _end_after_arq(ctx: dict[Any, Any]) -> None:
+    """after_job_end (arq has stored the result, or scheduled the retry): write the heartbeat's
+    end now."""
+    run = ctx.pop(_SETTLED, None)
+    if run is not None:
+        await run.finished()
+
+
+setattr(_mark_hooked, WRAPPED, True)
+setattr(_end_after_arq, WRAPPED, True)

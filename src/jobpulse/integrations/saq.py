@@ -29,8 +29,10 @@ from saq.job import Job, Status
 from saq.queue.redis import RedisQueue
 from saq.utils import now
 
+from .._worker.heartbeat import JobHeartbeat
 from ..errors import JobCancelled
-from ._common import WRAPPED, PulseOptions, pulse, run_in_thread
+from ._common import WRAPPED, PulseOptions, run_in_thread
+from ._settle import SettledRun
 
 __all__ = ["instrument", "instrument_function"]
 
@@ -42,6 +44,11 @@ ABORT_WAIT = 10.0
 
 #: The error text SAQ records for a job aborted because of ``request_cancel``.
 ABORT_ERROR = "cancelled by jobpulse.request_cancel"
+
+# Keys of SAQ's per-job context: set by instrument()'s before_process hook (the after_process
+# hook will come), and the run whose heartbeat end waits for that hook.
+_HOOKED = "jobpulse_hooked"
+_SETTLED = "jobpulse_settled"
 
 
 def instrument_function(
@@ -70,11 +77,18 @@ def instrument_function(
         async def refresh() -> None:
             await _touch(queue, job)
 
+        async def body(hb: JobHeartbeat) -> Any:
+            if is_async:
+                return await fn(ctx, **kwargs)
+            return await run_in_thread(fn, ctx, **kwargs)
+
+        hooked = bool(ctx.get(_HOOKED))
+        run = SettledRun(
+            options, redis, job.id, name, refresh, body, settle=hooked, wait=options.ttl
+        )
+        ctx[_SETTLED] = run
         try:
-            async with pulse(options, redis, job.id, name, refresh):
-                if is_async:
-                    return await fn(ctx, **kwargs)
-                return await run_in_thread(fn, ctx, **kwargs)
+            return await run.result()
         except JobCancelled:
             pass
         # Cancelled on request: abort through SAQ (its worker cancels this task within
@@ -123,7 +137,9 @@ def instrument(
     """Instrument SAQ worker settings: every function in ``functions`` runs under a heartbeat.
 
     Returns a new settings dict (``saq module.settings`` and ``Worker(**settings)`` take it
-    as before). ``cron_jobs`` are not instrumented.
+    as before). ``cron_jobs`` are not instrumented. A ``before_process`` and an
+    ``after_process`` hook are put before the settings' own: the heartbeat's end is written
+    after SAQ stored the job's outcome.
 
     Args:
         settings: SAQ settings (a dict with ``queue`` and ``functions``).
@@ -142,4 +158,27 @@ def instrument(
     if not isinstance(settings, dict):
         raise TypeError(f"settings must be a SAQ settings dict, got {type(settings).__name__}")
     functions = [instrument_function(f, options) for f in settings["functions"]]
-    return {**settings, "functions": functions}  # type: ignore[return-value]
+    before = _first(_mark_hooked, settings.get("before_process"))
+    after = _first(_end_after_saq, settings.get("after_process"))
+    instrumented = {**settings, "functions": functions}
+    instrumented.update(before_process=before, after_process=after)
+    return instrumented  # type: ignore[return-value]
+
+
+def _first(ours: Callable[..., Any], theirs: Any) -> list[Callable[..., Any]]:
+    """SAQ's hook setting (None, one function or several) with ours first, once."""
+    hooks = [] if theirs is None else [theirs] if callable(theirs) else list(theirs)
+    return hooks if ours in hooks else [ours, *hooks]
+
+
+async def _mark_hooked(ctx: dict[str, Any]) -> None:
+    """before_process: the job's heartbeat end may wait for SAQ's outcome (the hook below)."""
+    ctx[_HOOKED] = True
+
+
+async def _end_after_saq(ctx: dict[str, Any]) -> None:
+    """after_process (SAQ has stored the job's outcome: finish, retry or abort): write the
+    heartbeat's end now."""
+    run = ctx.pop(_SETTLED, None)
+    if run is not None:
+        await run.finished()

@@ -8,11 +8,13 @@ Install it on the broker (``pip install "jobpulse[taskiq]"``, which brings taski
     broker = instrument(RedisStreamBroker("redis://localhost:6379"))
 
 Each task then runs inside ``heartbeat(redis, job_id_for(task_id), kind=<task name>)``
-(``jobpulse.current()`` is that heartbeat). With taskiq-redis's ``RedisStreamBroker``, while the
-heartbeat lives the task's stream entry is re-claimed by its own consumer every ``interval``
-seconds (``XCLAIM … 0 … JUSTID``: its idle time goes back to 0): the broker's ``XAUTOCLAIM``
-hands on only entries idle for ``idle_timeout``, so a live task is never delivered twice and
-``idle_timeout`` can be short.
+(``jobpulse.current()`` is that heartbeat). With taskiq-redis's ``RedisStreamBroker``, every
+``interval`` seconds while the worker lives, each stream entry pending for the worker's consumer
+is re-claimed by that consumer (``XCLAIM … 0 … JUSTID``: its idle time goes back to 0): the
+entries of running tasks (while their heartbeat holds its lease) and the entries the broker read
+ahead that wait for a slot (``xread_count``, 100 by default). The broker's ``XAUTOCLAIM`` hands on
+only entries idle for ``idle_timeout``, so a live worker's deliveries are never delivered twice
+and ``idle_timeout`` can be short; a dead worker's are handed on ``idle_timeout`` after it died.
 
 Cancel: taskiq has no cancelled state. ``jobpulse.request_cancel()`` cancels the body, jobpulse
 records CANCELLED, and taskiq records an error result whose error is ``JobCancelled`` (the
@@ -22,17 +24,20 @@ message is acknowledged as for any finished task, so it is not delivered again).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextvars import ContextVar
 from typing import Any
 
 import anyio
 from redis.asyncio import Redis
-from taskiq import AsyncBroker, TaskiqMessage, TaskiqMiddleware
+from taskiq import AsyncBroker, TaskiqMessage, TaskiqMiddleware, TaskiqResult
 from taskiq_redis import RedisStreamBroker
 
-from ._common import WRAPPED, PulseOptions, pulse, run_in_thread
+from .._worker.heartbeat import JobHeartbeat
+from ._common import WRAPPED, ClaimHold, PulseOptions, keep_claim, run_in_thread
+from ._settle import SettledRun
 
 __all__ = ["JobpulseMiddleware", "instrument"]
 
@@ -70,19 +75,53 @@ class JobpulseMiddleware(TaskiqMiddleware):
         self.options = options
         self.redis: Any = options.redis  # jobpulse's client
         self.queue_redis: Any = None  # the broker's Redis (its stream)
+        self.keeper: _DeliveryKeeper | None = None
+        self._settling: dict[int, SettledRun] = {}  # by the message's id(): see settling()
+        # The keeper's refresh loop, owned by this stack from startup to shutdown (the middleware
+        # hooks are the only scope taskiq gives a worker-wide task).
+        self._stack = contextlib.AsyncExitStack()
 
-    def startup(self) -> None:
-        """Wrap every task registered by now (tasks are imported before the worker starts)."""
-        if isinstance(self.broker, RedisStreamBroker):
-            self.queue_redis = Redis(connection_pool=self.broker.connection_pool)
+    async def startup(self) -> None:
+        """Wrap every task registered by now (tasks are imported before the worker starts) and,
+        in a worker of a ``RedisStreamBroker``, start keeping its consumer's deliveries fresh."""
+        broker = self.broker
+        if isinstance(broker, RedisStreamBroker):
+            self.queue_redis = Redis(connection_pool=broker.connection_pool)
             if self.redis is None:
                 self.redis = self.queue_redis
+            if broker.is_worker_process and self.keeper is None:
+                self.keeper = _DeliveryKeeper(broker, self.queue_redis)
+                name = f"taskiq consumer {broker.consumer_name}"
+                refresh = keep_claim(self.keeper.refresh, self.options.interval, job_id=name)
+                await self._stack.enter_async_context(refresh)
         _wrap_tasks(self.broker, self)
+
+    async def shutdown(self) -> None:
+        """Stop keeping the deliveries fresh."""
+        await self._stack.aclose()
+        self.keeper = None
 
     def pre_execute(self, message: TaskiqMessage) -> TaskiqMessage:
         """Remember the message for the task's wrapper."""
         _MESSAGE.set(message)
         return message
+
+    def settling(self, message: TaskiqMessage, run: SettledRun) -> None:
+        """Hold ``run``'s heartbeat end until taskiq saved the message's result."""
+        key = id(message)  # post_save gets this very message object
+        self._settling[key] = run
+
+        def forget(_: object) -> None:
+            if self._settling.get(key) is run:
+                del self._settling[key]
+
+        run.host.add_done_callback(forget)
+
+    async def post_save(self, message: TaskiqMessage, result: TaskiqResult[Any]) -> None:
+        """taskiq saved the task's result: the heartbeat writes its end now."""
+        run = self._settling.pop(id(message), None)
+        if run is not None:
+            await run.finished()
 
 
 def instrument(
@@ -136,37 +175,37 @@ def _wrap(fn: Callable[..., Any], name: str, middleware: JobpulseMiddleware) -> 
         _MESSAGE.set(None)  # a task function called from inside this task runs plainly
         if message is None or message.task_name != name:
             return await _call(fn, is_async, args, kwargs)
-        broker = middleware.broker
-        refresh = _noop
-        if isinstance(broker, RedisStreamBroker):
-            refresh = _EntryKeeper(broker, middleware.queue_redis, message).refresh
+        keeper = middleware.keeper
+        task_id = message.task_id
 
-        async def pulsed() -> Any:
-            async with pulse(middleware.options, middleware.redis, message.task_id, name, refresh):
+        async def body(hb: JobHeartbeat) -> Any:
+            if keeper is None:
+                return await _call(fn, is_async, args, kwargs)
+            with keeper.running(task_id, lambda: hb.lease_held):
                 return await _call(fn, is_async, args, kwargs)
 
-        return await _ended(asyncio.get_running_loop().create_task(pulsed()))
+        options = middleware.options
+        settled = SettledRun(
+            options, middleware.redis, task_id, name, None, body, settle=True, wait=options.ttl
+        )
+        middleware.settling(message, settled)
+        return await settled.result(_shielded)
 
     setattr(run, WRAPPED, True)
     return run
 
 
-async def _ended(job: asyncio.Task[Any]) -> Any:
-    """Wait for the task's own asyncio task (body and heartbeat) to end, and pass its outcome on.
+async def _shielded(host: asyncio.Task[Any]) -> None:
+    """Wait for the task's host (body and heartbeat) to end after a cancel.
 
     taskiq's ``timeout`` label cancels through an anyio cancel scope, which cancels the task
     again at every ``await`` until it leaves the scope: the heartbeat's final write would be
     cancelled too (the job left STALE instead of CANCELLED). So the body runs in a task of its
-    own; a cancellation of this one cancels it once and waits, shielded, for its heartbeat to
-    write the end, then goes on.
+    own (:class:`SettledRun`); a cancellation of this one cancels it once and waits, shielded,
+    for its heartbeat to write the end, then goes on.
     """
-    try:
-        return await asyncio.shield(job)
-    except asyncio.CancelledError:
-        job.cancel()
-        with anyio.CancelScope(shield=True):
-            await asyncio.wait({job})
-        raise
+    with anyio.CancelScope(shield=True):
+        await asyncio.wait({host})
 
 
 async def _call(fn: Callable[..., Any], is_async: bool, args: Any, kwargs: Any) -> Any:
@@ -175,48 +214,80 @@ async def _call(fn: Callable[..., Any], is_async: bool, args: Any, kwargs: Any) 
     return await run_in_thread(fn, *args, **kwargs)  # a sync task: in a thread, as taskiq does
 
 
-async def _noop() -> None:
-    return None
+class _DeliveryKeeper:
+    """Keeps every stream entry pending for this worker's consumer fresh (its idle time near 0).
 
+    One refresh, every ``interval`` while the worker lives: list the consumer's pending entries
+    (``XPENDING`` by consumer, a page at a time), read the task id of each entry not seen before
+    (``XRANGE``; an entry never changes), and re-claim, in one script, every entry except those of
+    a running task whose heartbeat no longer holds its lease (:class:`ClaimHold`, the rule of
+    every claim keeper). Entries read ahead that wait for a slot are refreshed like running ones:
+    the worker holds them. A dead worker refreshes nothing.
+    """
 
-class _EntryKeeper:
-    """Keeps the stream entry of one running task fresh (its idle time near 0)."""
+    #: XPENDING page size.
+    PAGE = 1000
 
-    def __init__(self, broker: RedisStreamBroker, redis: Any, message: TaskiqMessage) -> None:
+    def __init__(self, broker: RedisStreamBroker, redis: Any) -> None:
         self._broker = broker
         self._redis = redis
-        self._message = message
-        self._stream = str(message.labels.get("queue_name") or broker.queue_name)
-        self._ids: list[bytes] = []
+        self._streams = [broker.queue_name, *broker.additional_streams]
+        self._task_of: dict[bytes, str | None] = {}
+        self._running: dict[str, tuple[ClaimHold, Callable[[], bool]]] = {}
+
+    @contextlib.contextmanager
+    def running(self, task_id: str, lease_held: Callable[[], bool]) -> Iterator[None]:
+        """While the block runs, the task's entry is refreshed only while ``lease_held()``."""
+        self._running[task_id] = (ClaimHold(), lease_held)
+        try:
+            yield
+        finally:
+            self._running.pop(task_id, None)
+
+    def _holds(self, entry_id: bytes) -> bool:
+        task_id = self._task_of.get(entry_id)
+        run = self._running.get(task_id) if task_id is not None else None
+        return run is None or run[0].ask(run[1]())
 
     async def refresh(self) -> None:
-        if not self._ids:
-            self._ids = await self._find()
-        if self._ids:
-            b = self._broker
-            args = [b.consumer_group_name, b.consumer_name, *self._ids]
-            await self._redis.eval(_TOUCH, 1, self._stream, *args)
-
-    async def _find(self) -> list[bytes]:
-        """The ids of this consumer's pending entries that carry this task (by task id)."""
         b = self._broker
-        pending = await self._redis.xpending_range(
-            self._stream, b.consumer_group_name, "-", "+", 1000, consumername=b.consumer_name
-        )
-        ids = [p["message_id"] for p in pending]
+        seen: set[bytes] = set()
+        for stream in self._streams:
+            ids = await self._pending(stream)
+            seen.update(ids)
+            await self._learn(stream, [i for i in ids if i not in self._task_of])
+            keep = [i for i in ids if self._holds(i)]
+            if keep:
+                args = [b.consumer_group_name, b.consumer_name, *keep]
+                await self._redis.eval(_TOUCH, 1, stream, *args)
+        for gone in self._task_of.keys() - seen:  # acknowledged or handed on: forget it
+            del self._task_of[gone]
+
+    async def _pending(self, stream: str) -> list[bytes]:
+        """The ids of the entries pending for this consumer, all pages."""
+        b = self._broker
+        ids: list[bytes] = []
+        start: str | bytes = "-"
+        while True:
+            page = await self._redis.xpending_range(
+                stream, b.consumer_group_name, start, "+", self.PAGE, consumername=b.consumer_name
+            )
+            ids += [p["message_id"] for p in page]
+            if len(page) < self.PAGE:
+                return ids
+            start = b"(" + ids[-1]
+
+    async def _learn(self, stream: str, ids: list[bytes]) -> None:
+        """Read the task id of each new entry (None: not a message this broker reads)."""
         if not ids:
-            return []
+            return
         async with self._redis.pipeline(transaction=False) as pipe:
             for entry_id in ids:
-                pipe.xrange(self._stream, entry_id, entry_id)
+                pipe.xrange(stream, entry_id, entry_id)
             entries = await pipe.execute()
-        found = []
-        for rows in entries:
-            for entry_id, fields in rows:
-                data = fields.get(b"data")
-                if data is not None and _task_id(b, data) == self._message.task_id:
-                    found.append(entry_id)
-        return found
+        for entry_id, rows in zip(ids, entries, strict=True):
+            data = rows[0][1].get(b"data") if rows else None
+            self._task_of[entry_id] = None if data is None else _task_id(self._broker, data)
 
 
 def _task_id(broker: AsyncBroker, data: bytes) -> str | None:

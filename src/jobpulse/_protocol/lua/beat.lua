@@ -9,6 +9,9 @@
   ARGV  one segment per job, in the order of the keys:
     n      how many arguments of this job follow (the segment's length after n)
     token  fence  ttl_ms  seq
+    landed the highest seq the worker knows the snapshot holds (its last beat answered written,
+           or the acquire's), or 0 when this beat carries every field and the static ones
+           (nothing to check: it repairs whatever the snapshot lost)
     names  which dynamic fields follow: a string of digits 1-8 naming, in order, the fields
            of FIELDS below whose values come next (the worker sends only the fields that
            differ from what it knows the snapshot holds: all of them after a data loss); a
@@ -19,19 +22,24 @@
     then optional field, value pairs (static fields, resent after a data loss; the checkpoint)
 
   Returns an array, one element per job:
-    an integer now_ms * 8 + code * 2 + cancel when the beat was written (code 1, 2 or 3), or
-    the code alone when refused (-1, -2), or {0, cancel, now_ms, snapshot_seq} when the
-    snapshot holds a seq > ours (lease renewed, nothing else written), or an error reply when
-    a command failed for this job (the others are unaffected):
-    code  1 written; 2 written, lease re-taken after it expired; 3 written into an empty
-          snapshot (a restart lost the data): the worker must resend every field;
+    an integer now_ms * 8 + code * 2 + cancel (code 1, 2 or 3), or the code alone when
+    refused (-1, -2), or {0, cancel, now_ms, snapshot_seq} when the snapshot holds a seq > ours
+    (lease renewed, nothing else written), or an error reply when a command failed for this
+    job (the others are unaffected):
+    code  1 written; 2 written, lease re-taken after it expired;
+          3 the snapshot's seq is below `landed` (or there is no snapshot): a restart or a
+          failover lost writes the worker saw land (an empty snapshot, an older RDB, a replica
+          that missed the last writes). Lease and liveness are renewed, status and fence
+          restored (so a sweeper can claim the job), nothing of this beat is written (no
+          field, no seq, no entry): the worker sends every field and the static ones at once,
+          with landed 0. A replay finds the same snapshot and answers 3 again;
           a replay of a beat that was written (same seq) answers as written (1), writing
           nothing again;
           -1 taken over; -2 fenced out (nothing written in either case)
     cancel 1 when a cancel was requested for the job
 
   Calls per job on the regular path: GET + PEXPIRE (lease), SET (alive), HMGET, HSET; TIME
-  once per call, first.
+  once per call, first. The data-loss check costs no call: it compares the seq HMGET reads.
 ]]
 local FIELDS = {'done', 'total', 'stage', 'rate', 'eta_s', 'rss_bytes', 'cpu_s', 'loop_lag_ms'}
 local now = now_ms()
@@ -41,6 +49,7 @@ local function beat(k, a, last)
   local fence = tonumber(ARGV[a + 1])
   local ttl = tonumber(ARGV[a + 2])
   local seq = tonumber(ARGV[a + 3])
+  local landed = tonumber(ARGV[a + 4])
   local code = owner(ARGV[a], fence, ttl, k)
   if code < 0 then return code end
 
@@ -50,6 +59,12 @@ local function beat(k, a, last)
   local cancel = 0
   if h[2] == '1' then cancel = 1 end
   if seq < current then return {0, cancel, now, current} end
+  if current < landed then
+    -- writes the worker saw land are gone: write nothing of this beat (so its replay finds
+    -- the same snapshot and answers the same), keep the job RUNNING and claimable
+    redis.call('HSET', KEYS[k + 1], 'status', 'RUNNING', 'fence', ARGV[a + 1])
+    return now * 8 + 6 + cancel
+  end
   -- Replay-safe: only this lease's owner writes seq while it holds the lease, so an equal seq
   -- is this very beat run again (a client retry after a lost reply): answer as the first run.
   if seq == current then return now * 8 + 2 + cancel end
@@ -57,11 +72,11 @@ local function beat(k, a, last)
   -- One HSET: seq, the time, the fields sent, progress_ms when done moved, what a re-take
   -- restores, and the pairs after the values.
   local args = {'seq', ARGV[a + 3], 'heartbeat_ms', now}
-  local names = ARGV[a + 4]
+  local names = ARGV[a + 5]
   local n = #names
   local event = string.byte(names, n) == 43 -- '+'
   if event then n = n - 1 end
-  local at = a + 5
+  local at = a + 6
   local done, total, stage
   for i = 1, n do
     local field = FIELDS[string.byte(names, i) - 48]
@@ -105,6 +120,7 @@ local function beat(k, a, last)
     end
     redis.call('XADD', KEYS[k + 2], 'MAXLEN', '~', ARGV[at + 2], '*', unpack(entry))
   end
+  if code == 3 then code = 2 end -- a beat of every field, into an empty snapshot: re-taken
   return now * 8 + code * 2 + cancel
 end
 

@@ -10,16 +10,49 @@
 
   Returns {code, now_ms}
     code 1 written; 0 the job had already ended (nothing written; also the answer to a retry
-         of our own final write whose first reply was lost);
+         of our own final write whose first reply was lost, also after a new attempt of the
+         job id started, or ended, in between);
          -1 taken over; -2 fenced out (nothing written)
 ]]
 local fence = tonumber(ARGV[2])
+
+-- Is our final write already in the events stream (its `end` entry carries our fence)? Read
+-- from the newest entry back, a page at a time, until our attempt's `start` entry or an entry
+-- of an older fence (entries are in fence order). Only on a refusal whose snapshot holds a
+-- newer fence (rare): the regular final write reads nothing of the stream.
+local function ended_by_us()
+  local from = '+'
+  while true do
+    local page = redis.call('XREVRANGE', KEYS[2], from, '-', 'COUNT', 64)
+    for _, entry in ipairs(page) do
+      local f = entry[2]
+      local kind, at
+      for i = 1, #f, 2 do
+        if f[i] == 'kind' then kind = f[i + 1] elseif f[i] == 'fence' then at = f[i + 1] end
+      end
+      at = tonumber(at)
+      if at and at < fence then return false end
+      if at == fence then
+        if kind == 'end' then return true end
+        if kind == 'start' then return false end -- our attempt's first entry: no end after it
+      end
+    end
+    if #page < 64 then return false end
+    from = '(' .. page[#page][1]
+  end
+end
+
 -- Idempotent: a retry after an ambiguous failure (the reply was lost) finds the job ended under
--- our own fence — only the fence holder writes a terminal state — and answers "already ended".
+-- our own fence — only the fence holder writes a terminal state — and answers "already ended";
+-- if a new attempt started since (the job had ended, so nothing held it back), the snapshot
+-- and the lease are the new attempt's, and our `end` entry in the stream says we wrote it.
 local ended = redis.call('HMGET', KEYS[1], 'status', 'fence')
 if ended[1] and ended[1] ~= 'RUNNING' and tonumber(ended[2]) == fence then return {0, 0} end
 local code = owner(ARGV[1], fence, tonumber(ARGV[3]), 0)
-if code < 0 then return {code, 0} end
+if code < 0 then
+  if tonumber(ended[2]) and tonumber(ended[2]) > fence and ended_by_us() then return {0, 0} end
+  return {code, 0}
+end
 local h = redis.call('HMGET', KEYS[1], 'status', 'seq', 'done')
 if h[1] and h[1] ~= 'RUNNING' then return {0, 0} end
 

@@ -2,6 +2,9 @@
 // Static, no build step. Every URL is relative, so the app can be mounted under any prefix.
 // A browser opens at most 6 connections per host (HTTP/1.1), so only MAX_FOLLOWED jobs (and the
 // one opened in the detail view) are followed live; the others refresh with the job list.
+// The operator token (jobpulse serve --token) comes from the URL fragment (#token=..., which
+// browsers never send to the server nor log) or the detail view's form; it is kept in this tab's
+// sessionStorage, removed from the address bar, sent only on cancel requests, never logged.
 "use strict";
 
 (function () {
@@ -20,6 +23,24 @@
   const filter = { kind: params.get("kind") || "*", state: params.get("state") || "*" };
   const $ = (id) => document.getElementById(id);
   let detail = null; // { id, es, events: [] } of the job shown in the detail view
+  let listsApplied = 0; // job list responses applied (body[data-lists]: tests wait on it)
+  const TOKEN_KEY = "jobpulse-token:" + base;
+  const ENDED_KEY = "jobpulse-ended:" + base;
+  const MAX_ENDED = 200; // ended jobs remembered by this tab, shown again after a reload
+
+  function store(key, value) {
+    try { if (value === null) sessionStorage.removeItem(key); else sessionStorage.setItem(key, value); } catch (_) { /* storage off */ }
+  }
+  function stored(key) {
+    try { return sessionStorage.getItem(key); } catch (_) { return null; }
+  }
+  (function takeTokenFromFragment() {
+    const m = /(?:^#|&)token=([^&]*)/.exec(location.hash);
+    if (!m) return;
+    store(TOKEN_KEY, decodeURIComponent(m[1]));
+    history.replaceState(null, "", location.pathname + location.search); // out of the address bar and history
+  })();
+  const authHeaders = () => { const t = stored(TOKEN_KEY); return t ? { Authorization: "Bearer " + t } : {}; };
 
   // The documented polling schedule (jobpulse.Backoff): 0.5 s growing x1.5 up to 5 s, +-10 % jitter.
   class Backoff {
@@ -94,14 +115,25 @@
     bar.setAttribute("aria-valuenow", pct === null ? "" : pct.toFixed(1));
     tr.querySelector(".fill").style.width = (pct === null ? 0 : pct) + "%";
     const count = s.done === null || s.done === undefined ? "" : s.done + (s.total ? " / " + s.total : "");
-    tr.querySelector(".label").textContent = pct === null ? count : pct.toFixed(pct === 100 ? 0 : 1) + " % (" + count + ")";
+    const label = tr.querySelector(".label");
+    if (pct === null) label.textContent = count;
+    else {
+      const main = document.createElement("span");
+      main.textContent = pct.toFixed(pct === 100 ? 0 : 1) + " %";
+      const extra = document.createElement("span");
+      extra.className = "count"; // hidden on a narrow screen
+      extra.textContent = " (" + count + ")";
+      label.replaceChildren(main, extra);
+    }
     tr.querySelector(".stage").textContent = s.stage || "–";
-    tr.querySelector(".rate").textContent = fmtRate(s.rate);
-    tr.querySelector(".eta").textContent = TERMINAL.has(s.state) ? "–" : fmtDuration(s.eta);
+    const moving = s.state === "RUNNING"; // a STALE job's rate and ETA were its dead worker's
+    tr.querySelector(".rate").textContent = moving ? fmtRate(s.rate) : "–";
+    tr.querySelector(".eta").textContent = moving ? fmtDuration(s.eta) : "–";
     tr.querySelector(".memory").textContent = fmtBytes(s.rss_bytes);
     tr.querySelector(".kind").textContent = s.kind || "–";
     if (s.kind !== undefined && !kinds.has(s.kind)) addKind(s.kind);
     tr.hidden = !shown(job);
+    if (TERMINAL.has(s.state)) remember(job.id);
     renderAge(job);
     summary();
     if (detail && detail.id === job.id) renderDetail(job);
@@ -155,10 +187,19 @@
     document.getElementById("empty").hidden = jobs.size > 0;
   }
 
+  // Is status s older than cur? Versions are (fence, seq); a dead worker's seq stands still, so
+  // two reads of one version (RUNNING, then STALE once its liveness key expired) are ordered by
+  // the server's clock at the read (server_ms; a synthetic stale event's ts).
+  function older(s, cur) {
+    if (!cur || cur.seq === undefined || cur.seq === null || s.fence !== cur.fence) return false;
+    if (s.seq !== cur.seq) return s.seq < cur.seq;
+    return typeof s.server_ms === "number" && typeof cur.server_ms === "number" && s.server_ms < cur.server_ms;
+  }
+
   // A full status (GET /jobs or GET /jobs/{id}) replaces what we know, unless it is older.
   function applyStatus(job, s) {
     const cur = job.status;
-    if (cur && cur.seq !== undefined && s.fence === cur.fence && s.seq < cur.seq) return;
+    if (older(s, cur)) return;
     job.status = Object.assign({}, cur || {}, s);
     if (s.heartbeat_age !== null && s.heartbeat_age !== undefined) {
       job.ageBase = s.heartbeat_age;
@@ -174,6 +215,7 @@
     if (!ev.synthetic && ev.seq !== null && s.seq !== null && s.seq !== undefined && ev.fence === s.fence && ev.seq < s.seq) return;
     for (const key of ["stage", "done", "total", "seq", "fence"]) if (ev[key] !== null && ev[key] !== undefined) s[key] = ev[key];
     if (ev.status) s.state = ev.status;
+    if (ev.synthetic && ev.ts) s.server_ms = Math.max(s.server_ms || 0, Math.round(ev.ts * 1000)); // the verdict's time
     if (!ev.synthetic && ev.ts) {
       job.ageBase = Math.max(0, Date.now() / 1000 - ev.ts);
       job.ageAt = performance.now();
@@ -266,7 +308,39 @@
     tick();
   }
 
+  // Ended jobs leave the running-jobs index (GET /jobs): this tab remembers their ids, so a
+  // reload shows them again while the server keeps them (then GET /jobs/{id} answers 404).
+  function remember(id) {
+    const ids = (stored(ENDED_KEY) || "").split("\n").filter((x) => x && x !== id);
+    ids.push(id);
+    store(ENDED_KEY, ids.slice(-MAX_ENDED).join("\n"));
+  }
+
+  async function restoreEnded() {
+    for (const id of (stored(ENDED_KEY) || "").split("\n")) {
+      if (!id || jobs.has(id)) continue;
+      try {
+        const r = await fetch(url(id), { cache: "no-store" });
+        if (r.status === 404) { store(ENDED_KEY, (stored(ENDED_KEY) || "").split("\n").filter((x) => x !== id).join("\n")); continue; }
+        if (!r.ok) continue;
+        const s = await r.json();
+        if (jobs.has(id)) continue; // the list got it first
+        const job = newJob(id);
+        applyStatus(job, s);
+        follow(job);
+      } catch (_) { /* shown again at the next reload */ }
+    }
+  }
+
+  function newJob(id) {
+    const job = { id, status: null, ageBase: null, ageAt: 0, transport: "list", following: false, es: null, etag: null };
+    jobs.set(id, job);
+    return job;
+  }
+
   function forget(job) {
+    const ids = (stored(ENDED_KEY) || "").split("\n").filter((x) => x && x !== job.id);
+    store(ENDED_KEY, ids.join("\n"));
     if (detail && detail.id === job.id) closeDetail();
     if (job.es) job.es.close();
     clearTimeout(job.timer);
@@ -289,10 +363,7 @@
       }
       for (const s of body.jobs) {
         let job = jobs.get(s.job_id);
-        if (!job) {
-          job = { id: s.job_id, status: null, ageBase: null, ageAt: 0, transport: "list", following: false, es: null, etag: null };
-          jobs.set(job.id, job);
-        }
+        if (!job) job = newJob(s.job_id);
         applyStatus(job, s);
         follow(job);
       }
@@ -301,6 +372,7 @@
       setError("job list unavailable, retrying");
     }
     summary();
+    document.body.dataset.lists = String(++listsApplied);
     setTimeout(refreshList, LIST_EVERY_MS);
   }
 
@@ -319,6 +391,13 @@
     ["rss_bytes", "memory"], ["cpu_seconds", "CPU"], ["loop_lag", "loop lag"],
     ["heartbeat_age", "heartbeat age"], ["progress_age", "progress age"], ["error", "error"], ["meta", "meta"],
   ];
+
+  const HELP = {
+    fence: "A number that grows with each new attempt of this job id (it orders attempts; writes of an older attempt are refused). Not a count.",
+    attempt: "1 for the first run; a sweeper's claim and a retry start the next.",
+    heartbeat_age: "Time since the worker's last heartbeat.",
+    progress_age: "Time since 'done' last moved.",
+  };
 
   function fieldText(name, v) {
     if (v === null || v === undefined || v === "") return "–";
@@ -339,12 +418,23 @@
       dt.textContent = label;
       const dd = document.createElement("dd");
       dd.dataset.field = name;
-      dd.textContent = fieldText(name, s[name]);
+      const moving = s.state === "RUNNING";
+      dd.textContent = !moving && (name === "rate" || name === "eta") ? "–" : fieldText(name, s[name]);
+      if (HELP[name]) {
+        dt.title = HELP[name];
+        dt.classList.add("help");
+        const note = document.createElement("small");
+        note.textContent = name === "fence" ? " orders attempts" : "";
+        if (note.textContent) dd.appendChild(note);
+      }
       dl.append(dt, dd);
     }
-    $("rate-now").textContent = s.rate === null || s.rate === undefined ? "" : "(now " + fmtRate(s.rate) + ")";
+    const moving = s.state === "RUNNING";
+    $("rate-now").textContent = !moving || s.rate === null || s.rate === undefined ? "" : "(now " + fmtRate(s.rate) + ")";
     $("detail").dataset.state = s.state;
-    if (TERMINAL.has(s.state)) $("cancel").hidden = true;
+    // Only a RUNNING job can be cancelled: a STALE one has no worker left to stop.
+    if (!moving) { $("cancel").hidden = true; $("token-form").hidden = true; }
+    $("stale-note").hidden = s.state !== "STALE";
   }
 
   function openDetail(job) {
@@ -383,13 +473,28 @@
     $("detail").hidden = true;
   }
 
+  const running = (id) => (jobs.get(id) || { status: {} }).status.state === "RUNNING";
+
+  // The button shows when the server would accept the cancel (a dry run); a 401 asks for the
+  // operator token instead.
   async function mayCancel(d) {
-    if (TERMINAL.has((jobs.get(d.id) || { status: {} }).status.state)) return;
+    if (!running(d.id)) return;
     try {
-      const r = await fetch(url(d.id, "/cancel") + "?dry_run=1", { method: "POST", cache: "no-store" });
-      if (detail === d && r.ok) $("cancel").hidden = TERMINAL.has(jobs.get(d.id).status.state);
+      const r = await fetch(url(d.id, "/cancel") + "?dry_run=1", { method: "POST", cache: "no-store", headers: authHeaders() });
+      if (detail !== d) return;
+      $("token-form").hidden = r.status !== 401;
+      if (r.status === 401) $("token-hint").textContent = stored(TOKEN_KEY) ? "That token was refused." : "";
+      $("cancel").hidden = !(r.ok && running(d.id));
     } catch (_) { /* no button */ }
   }
+
+  $("token-form").addEventListener("submit", (e) => {
+    e.preventDefault();
+    const input = $("token-input");
+    store(TOKEN_KEY, input.value.trim() || null);
+    input.value = "";
+    if (detail) mayCancel(detail);
+  });
 
   $("cancel").addEventListener("click", async () => {
     if (!detail) return;
@@ -397,8 +502,10 @@
     $("cancel").disabled = true;
     let text;
     try {
-      const r = await fetch(url(d.id, "/cancel"), { method: "POST", cache: "no-store" });
-      text = r.ok ? "cancel requested" : r.status === 409 ? "not running any more" : "refused (HTTP " + r.status + ")";
+      const r = await fetch(url(d.id, "/cancel"), { method: "POST", cache: "no-store", headers: authHeaders() });
+      text = r.ok ? "cancel requested" : r.status === 409 ? "not running any more"
+        : r.status === 401 ? "refused: the operator token is missing or wrong" : "refused (HTTP " + r.status + ")";
+      if (r.status === 401 && detail === d) { $("cancel").hidden = true; $("token-form").hidden = false; }
     } catch (_) {
       text = "cancel failed: server unavailable";
       $("cancel").disabled = false;
@@ -412,11 +519,17 @@
     const li = document.createElement("li");
     li.className = "ev ev-" + kind;
     const t = ev.ts ? new Date(ev.ts * 1000).toLocaleTimeString() : "";
-    let text = "";
-    if (kind === "stage" || kind === "start") text = ev.stage ? "stage " + ev.stage : "";
-    if (ev.done !== null && ev.done !== undefined) text += (text ? " · " : "") + ev.done + (ev.total ? " / " + ev.total : "");
-    if (ev.details) text += " " + JSON.stringify(ev.details);
-    if (kind === "end" || kind === "stale") text = (ev.status || "") + " " + text;
+    const count = ev.done === null || ev.done === undefined ? "" : ev.done + (ev.total ? " / " + ev.total : "") + " done";
+    const parts = [];
+    if (kind === "start") parts.push("attempt " + (ev.attempt || 1) + " started" + (ev.total ? " (" + ev.total + " items)" : ""));
+    else if (kind === "stale" && ev.synthetic) parts.push("STALE: no heartbeat within the lease, the worker is gone or stuck");
+    else if (kind === "stale") parts.push(ev.status === "LOST" ? "LOST: a sweeper claimed the job of a dead worker" : ev.status || "");
+    else if (kind === "cancel") parts.push("cancel requested");
+    else if (kind === "end") parts.push(ev.status || "ended");
+    if (ev.stage) parts.push("stage " + ev.stage);
+    if (count && kind !== "start" && !(kind === "stale" && ev.synthetic)) parts.push(count);
+    if (ev.details) parts.push(JSON.stringify(ev.details));
+    const text = parts.filter(Boolean).join(" · ");
     for (const [cls, value] of [["ev-time", t], ["ev-kind", kind], ["ev-text", text]]) {
       const span = document.createElement("span");
       span.className = cls;
@@ -429,23 +542,29 @@
     sparkline(detail.events);
   }
 
-  // Items per second between consecutive stream entries (done and ts of each).
+  // Items per second between consecutive progress entries of one attempt (done and ts of each),
+  // drawn against time from 0 (bottom) to 1.15 x the highest rate; a single rate is a level line.
   function sparkline(events) {
     const pts = [];
-    for (let i = 1; i < events.length; i++) {
-      const a = events[i - 1], b = events[i];
-      const dt = b.ts - a.ts;
-      if (dt > 0 && a.done !== null && b.done !== null && a.done !== undefined && b.done !== undefined)
-        pts.push(Math.max(0, (b.done - a.done) / dt));
+    let prev = null;
+    for (const b of events) {
+      if (b.done === null || b.done === undefined || !b.ts) continue;
+      if (prev && b.fence === prev.fence && b.ts > prev.ts) pts.push([b.ts, Math.max(0, (b.done - prev.done) / (b.ts - prev.ts))]);
+      prev = b;
     }
     const line = document.querySelector("#sparkline polyline");
-    if (pts.length === 0) { line.setAttribute("points", ""); return; }
-    const max = Math.max(...pts) || 1;
-    const step = pts.length > 1 ? 400 / (pts.length - 1) : 0;
-    line.setAttribute("points", pts.map((r, i) => (i * step).toFixed(1) + "," + (58 - (54 * r) / max).toFixed(1)).join(" "));
     $("sparkline").dataset.points = String(pts.length);
+    $("spark-note").textContent = pts.length ? "" : "A rate needs two progress entries (one every few beats).";
+    if (pts.length === 0) { line.setAttribute("points", ""); $("rate-max").textContent = ""; return; }
+    if (pts.length === 1) pts.unshift([pts[0][0] - 1, pts[0][1]]);
+    const max = Math.max(...pts.map((p) => p[1]));
+    const top = max > 0 ? max * 1.15 : 1;
+    const t0 = pts[0][0], span = pts[pts.length - 1][0] - t0 || 1;
+    line.setAttribute("points", pts.map(([t, r]) => ((400 * (t - t0)) / span).toFixed(1) + "," + (58 - (54 * r) / top).toFixed(1)).join(" "));
+    $("rate-max").textContent = "peak " + fmtRate(max);
   }
 
   setInterval(() => { for (const job of jobs.values()) renderAge(job); }, 1000);
   refreshList();
+  restoreEnded();
 })();
