@@ -324,7 +324,9 @@ async def pulse(
             ttl=options.ttl,
             namespace=options.namespace,
             kind=kind_for(task_name),
+            sidecar=False,  # the asyncio integrations beat from the loop (docs/integrations)
         )
+        assert isinstance(hb, JobHeartbeat)
         try:
             await hb.__aenter__()
         except JobBusy:
