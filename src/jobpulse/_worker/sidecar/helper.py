@@ -198,7 +198,7 @@ class _Job:
 
     def holds(self) -> bool:
         """True while the job's lease is held (what the keeper asks before each refresh)."""
-        return self.hb.machine.lease.lost is None and not self.ended.done()
+        return self.hb.lease_held and not self.ended.done()
 
     async def body(self, helper: _Helper, key: int) -> None:
         """Wait for the owner's body to end, then end as it did."""
