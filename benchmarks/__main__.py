@@ -39,6 +39,7 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "false_stale": ("benchmarks.bench_false_stale", "own"),
     "gateway": ("benchmarks.bench_gateway", "own"),
     "metrics": ("benchmarks.bench_metrics", "external"),
+    "sidecar": ("benchmarks.bench_sidecar", "own"),
 }
 
 

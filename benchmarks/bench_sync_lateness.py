@@ -54,7 +54,9 @@ def row(url: str, threads: int, seconds: float) -> dict[str, Any]:
     stop = threading.Event()
     spinners = [threading.Thread(target=_spin, args=(stop,)) for _ in range(threads)]
     lag_sum, lag_count = WORKER_STATS.loop_lag_sum, WORKER_STATS.loop_lag_count
-    with jobpulse.sync.heartbeat(client, "job", namespace="lat", interval=1.0, ttl=6.0) as hb:
+    with jobpulse.sync.heartbeat(
+        client, "job", namespace="lat", interval=1.0, ttl=6.0, sidecar=False
+    ) as hb:
         for t in spinners:
             t.start()
         reader = subprocess.run(

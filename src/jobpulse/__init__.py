@@ -24,6 +24,7 @@ from ._worker.heartbeat import HeartbeatStatistics as HeartbeatStatistics
 from ._worker.heartbeat import JobHeartbeat as JobHeartbeat
 from ._worker.heartbeat import heartbeat as heartbeat
 from ._worker.progress import ProgressCell as ProgressCell
+from ._worker.sidecar.job import AsyncSidecarHeartbeat as AsyncSidecarHeartbeat
 from .errors import InvalidJobId as InvalidJobId
 from .errors import JobBusy as JobBusy
 from .errors import JobCancelled as JobCancelled
@@ -36,6 +37,7 @@ from .errors import StateNotWritten as StateNotWritten
 __version__ = "0.1.0"
 
 __all__ = (
+    "AsyncSidecarHeartbeat",
     "Backoff",
     "CacheStatistics",
     "Event",

@@ -86,6 +86,8 @@ def test_demo_starts_its_own_redis_and_stops_everything() -> None:
 
 
 def test_demo_kill_shows_stale_and_the_claim(redis_url: str, ns: str) -> None:
+    """The killed job goes STALE and is claimed; the sidecar job beside it holds the GIL past
+    its lease and is never STALE."""
     code, out, seen = run_demo(
         "--redis", redis_url, "--namespace", ns, "--jobs", "2", "--items", "300", "--kill"
     )
@@ -96,6 +98,9 @@ def test_demo_kill_shows_stale_and_the_claim(redis_url: str, ns: str) -> None:
     assert re.search(r"sweeper claimed demo-\w+-1: attempt 1 .* is LOST", out), out
     assert re.search(r"demo-\w+-1: LOST", out), out
     assert re.search(r"demo-\w+-2: COMPLETED 300/300", out), out
+    # beside it, the sidecar job held the GIL longer than the lease and stayed RUNNING
+    assert re.search(r"demo-\w+-2 holds the GIL now", out), out
+    assert re.search(r"demo-\w+-2: never STALE while it held the GIL", out), out
     assert "Traceback" not in out
     assert "leaked" not in out  # the killed worker's shared memory was tidied
     assert_all_gone(seen)

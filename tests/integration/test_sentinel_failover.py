@@ -261,7 +261,9 @@ async def test_sync_jobs_run_on_through_a_sentinel_failover(
         await eventually(beating_on, within=TTL)
 
         def second_owner() -> None:
-            with jobpulse.sync.heartbeat(client, "ok-2", namespace=ns, ttl=TTL):
+            with jobpulse.sync.heartbeat(
+                client, "ok-2", namespace=ns, ttl=TTL, client_factory=factory
+            ):
                 pass
 
         with pytest.raises(JobBusy):  # the lease is held on the new master: one owner

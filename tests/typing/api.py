@@ -8,7 +8,7 @@ from concurrent.futures import ProcessPoolExecutor
 import redis.asyncio as aioredis
 
 import jobpulse
-from jobpulse import JobHeartbeat, ProgressCell, heartbeat, request_cancel
+from jobpulse import AsyncSidecarHeartbeat, JobHeartbeat, ProgressCell, heartbeat, request_cancel
 
 
 def crunch(cell: ProgressCell, n: int) -> int:
@@ -19,7 +19,7 @@ def crunch(cell: ProgressCell, n: int) -> int:
 
 
 async def run_job(client: aioredis.Redis, pool: ProcessPoolExecutor) -> int:
-    hb: JobHeartbeat
+    hb: JobHeartbeat | AsyncSidecarHeartbeat  # in-loop beats by default; sidecar=True: a proxy
     async with heartbeat(client, "report-1", total=1000, meta={"user": 7}) as hb:
         hb.set_stage("crunch")
         result = await asyncio.get_running_loop().run_in_executor(pool, crunch, hb.progress, 1000)
@@ -38,7 +38,13 @@ async def cancel(client: aioredis.Redis) -> bool:
 
 
 def stage_of_current_job() -> str | None:
-    hb: JobHeartbeat | jobpulse.sync.SyncHeartbeat | None = jobpulse.current()
+    hb: (
+        JobHeartbeat
+        | jobpulse.sync.SyncHeartbeat
+        | AsyncSidecarHeartbeat
+        | jobpulse.sync.SidecarHeartbeat
+        | None
+    ) = jobpulse.current()
     if hb is None:
         return None
     hb.set_stage("load")

@@ -26,8 +26,8 @@ from jobpulse import (
     StaleJob,
     SweeperStatistics,
 )
+from jobpulse.sync import SidecarHeartbeat, SyncHeartbeat
 from jobpulse.sync import StatusReader as SyncReader
-from jobpulse.sync import SyncHeartbeat
 
 
 async def worker(client: aioredis.Redis, cluster: RedisCluster) -> HeartbeatStatistics:
@@ -75,7 +75,7 @@ async def sweeper(client: aioredis.Redis) -> SweeperStatistics:
 
 def sync_worker(client: redis.Redis) -> int:
     with jobpulse.sync.heartbeat(client, "s", total=100, kind="report") as hb:
-        sync_hb: SyncHeartbeat = hb
+        sync_hb: SyncHeartbeat | SidecarHeartbeat = hb  # the sidecar's proxy by default
         for _ in range(100):
             hb.check()
             hb.progress.advance()

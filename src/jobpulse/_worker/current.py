@@ -10,22 +10,24 @@ from __future__ import annotations
 
 import contextlib
 from contextvars import ContextVar, Token
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeAlias
 
 if TYPE_CHECKING:
     from .heartbeat import JobHeartbeat
+    from .sidecar.job import AsyncSidecarHeartbeat, SidecarHeartbeat
     from .sync_heartbeat import SyncHeartbeat
+
+    Current: TypeAlias = JobHeartbeat | SyncHeartbeat | AsyncSidecarHeartbeat | SidecarHeartbeat
 
 __all__ = ["current", "enter_current", "leave_current"]
 
-_CURRENT: ContextVar[JobHeartbeat | SyncHeartbeat | None] = ContextVar(
-    "jobpulse_current", default=None
-)
+_CURRENT: ContextVar[Current | None] = ContextVar("jobpulse_current", default=None)
 
 
-def current() -> JobHeartbeat | SyncHeartbeat | None:
+def current() -> Current | None:
     """The heartbeat of the job running in this asyncio task (a :class:`~jobpulse.JobHeartbeat`)
-    or thread (a :class:`jobpulse.sync.SyncHeartbeat`), else None.
+    or thread (a :class:`jobpulse.sync.SyncHeartbeat`), else None; with ``sidecar=True`` it is
+    the owner's proxy of the job (the same public members).
 
     Library code and queue integrations reach the running job's heartbeat through it without
     being handed it: ``hb = jobpulse.current()``; ``if hb is not None: hb.set_stage("load")``.
@@ -34,12 +36,12 @@ def current() -> JobHeartbeat | SyncHeartbeat | None:
     return _CURRENT.get()
 
 
-def enter_current(hb: JobHeartbeat | SyncHeartbeat) -> Token[JobHeartbeat | SyncHeartbeat | None]:
+def enter_current(hb: Current) -> Token[Current | None]:
     """Make ``hb`` current in this context; pass the token to :func:`leave_current` at exit."""
     return _CURRENT.set(hb)
 
 
-def leave_current(token: Token[JobHeartbeat | SyncHeartbeat | None] | None) -> None:
+def leave_current(token: Token[Current | None] | None) -> None:
     """Restore what was current before the matching :func:`enter_current`."""
     if token is not None:
         # exited in another context than it was entered in: nothing there to undo

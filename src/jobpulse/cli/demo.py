@@ -10,6 +10,11 @@ SIGTERM (an orchestrator stopping the demo) is handled like Ctrl-C: the running 
 to stop through Redis and end CANCELLED, then the demo exits with 143. A SIGTERM that reaches a
 pool worker (its whole process group stopped) cancels that worker's job the same way.
 
+The last job (of two or more) runs with ``sidecar=True`` and, between its two kernels, holds the
+GIL and its event loop in one C call for ``GIL_HOLD`` seconds (longer than the lease): its beats
+come from the sidecar helper process, so it stays RUNNING throughout (with in-loop beats it would
+turn STALE and lose its lease).
+
 ``--kill`` SIGKILLs the first job's worker process midway. Its heartbeat dies with it, so the
 liveness key expires within the lease and the verdict turns STALE; a ``Sweeper`` then claims the
 job (LOST, fence bumped) — the demo shows both. A pool per job keeps the kill to that job: a
@@ -54,6 +59,9 @@ KILL_AT = 30.0
 LIMIT = 900.0
 """Seconds after which the demo gives up (something is badly wrong)."""
 
+GIL_HOLD = 2 * TTL
+"""Seconds the sidecar job holds the GIL in one C call (a lease and more)."""
+
 _BLOCK = bytes(range(256)) * 256  # 64 KiB
 
 
@@ -97,12 +105,26 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def run_job(url: str, namespace: str, job_id: str, items: int) -> str:
-    """One demo job, start to end, in the calling process (a pool worker)."""
-    return asyncio.run(_job(url, namespace, job_id, items))
+def run_job(url: str, namespace: str, job_id: str, items: int, gil: bool = False) -> str:
+    """One demo job, start to end, in the calling process (a pool worker); ``gil``: beaten by
+    the sidecar, it holds the GIL for ``GIL_HOLD`` seconds between its kernels."""
+    return asyncio.run(_job(url, namespace, job_id, items, gil))
 
 
-async def _job(url: str, namespace: str, job_id: str, items: int) -> str:
+def hold_gil(seconds: float) -> int:
+    """Hold the GIL for about ``seconds`` in ONE C call (``sum(range(n))``, n calibrated)."""
+    n = 1_000_000
+    while True:
+        started = time.perf_counter()
+        sum(range(n))
+        took = time.perf_counter() - started
+        if took > 0.05:
+            break
+        n *= 4
+    return sum(range(int(n * seconds / took)))
+
+
+async def _job(url: str, namespace: str, job_id: str, items: int, gil: bool) -> str:
     import redis.asyncio as aioredis
 
     from .. import heartbeat
@@ -121,12 +143,16 @@ async def _job(url: str, namespace: str, job_id: str, items: int) -> str:
             interval=INTERVAL,
             ttl=TTL,
             meta={"demo": True, "kernels": ["sha256", "mandelbrot"]},
+            sidecar=gil,
         ) as hb:
             loop = asyncio.get_running_loop()
             half = items // 2
             hb.set_stage("sha256")
             digest = await loop.run_in_executor(None, hash_kernel, hb.progress, half)
             await hb.checkpoint(stage="sha256", digest=digest[:16])
+            if gil:
+                hb.set_stage("gil-hold")  # a message: the helper's next beat carries it
+                hold_gil(GIL_HOLD)  # GIL and event loop held: only the helper can beat
             hb.set_stage("mandelbrot")
             inside = await loop.run_in_executor(None, mandelbrot_kernel, hb.progress, items - half)
             return f"sha256 {digest[:12]}, {inside} Mandelbrot points"
@@ -203,13 +229,20 @@ async def _demo(
             + ("" if ns == "jobpulse" else f" --namespace {ns}")
         )
         async with connect(url) as client:
+            gil_job = ids[-1] if len(ids) > 1 else None
+            if gil_job is not None:
+                board.say(
+                    f"{gil_job} runs with sidecar=True: its beats come from a helper process, "
+                    f"and midway it holds the GIL in one C call for {GIL_HOLD:g}s (longer than "
+                    "the lease)"
+                )
             runs = {
-                job: loop.run_in_executor(pool, run_job, url, ns, job, items)
+                job: loop.run_in_executor(pool, run_job, url, ns, job, items, job == gil_job)
                 for job, pool in zip(ids, pools, strict=True)
             }
             try:
                 victim = pids[0] if kill else None
-                code = await _drive(client, ns, ids, runs, victim, board, killed)
+                code = await _drive(client, ns, ids, runs, victim, board, killed, gil_job)
             except BaseException:
                 # Ctrl-C reached a private redis-server too (same terminal); SIGTERM did not.
                 cancel = terminated.is_set() or not own_redis
@@ -231,13 +264,15 @@ async def _drive(
     victim_pid: int | None,
     board: Board,
     killed: _Killed,
+    gil_job: str | None = None,
 ) -> int:
     """Draw every job until all have ended (and the victim has been claimed); return the code."""
     from .. import JobState, StaleJob, StatusReader, Sweeper
 
     victim = ids[0] if victim_pid is not None else None
     killed_at: float | None = None
-    stale_seen = claim_seen = False
+    stale_seen = claim_seen = gil_stale = False
+    gil_held: float | None = None
     claims: dict[str, StaleJob] = {}
     started = time.monotonic()
     async with contextlib.AsyncExitStack() as stack:
@@ -250,6 +285,18 @@ async def _drive(
                 if st.state is not JobState.UNKNOWN:
                     board.show(st)
             now = time.monotonic()
+            if gil_job is not None:
+                st = statuses[gil_job]
+                if st.stage == "gil-hold" and gil_held is None:
+                    gil_held = now
+                    board.say(
+                        f"{gil_job} holds the GIL now (one C call, {GIL_HOLD:g}s): its sidecar "
+                        f"helper beats on, so it stays RUNNING past the {TTL:g}s lease",
+                        style="bold green",
+                    )
+                if st.state is JobState.STALE and not gil_stale:
+                    gil_stale = True
+                    board.say(f"{gil_job} was read STALE while holding the GIL", style="red")
             if victim is not None:
                 st = statuses[victim]
                 if killed_at is None and st.state is JobState.RUNNING:
@@ -300,7 +347,10 @@ async def _drive(
                 board.say(f"the demo did not finish within {LIMIT:g}s; stopping", style="red")
                 raise TimeoutError("demo did not finish")
             await asyncio.sleep(0.2)
-    return _summary(ids, statuses, runs, victim, board)
+    if gil_held is not None and not gil_stale:
+        board.say(f"{gil_job}: never STALE while it held the GIL", style="bold green")
+    code = _summary(ids, statuses, runs, victim, board)
+    return ExitCode.FAILED if gil_stale else code
 
 
 def _summary(

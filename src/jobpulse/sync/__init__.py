@@ -7,7 +7,8 @@ from sync code. ``client`` is a ``redis.Redis`` or ``redis.cluster.RedisCluster`
 """
 
 from .._reader.sync_reader import SyncStatusReader as StatusReader
+from .._worker.sidecar.job import SidecarHeartbeat as SidecarHeartbeat
 from .._worker.sync_heartbeat import SyncHeartbeat as SyncHeartbeat
 from .._worker.sync_heartbeat import heartbeat as heartbeat
 
-__all__ = ("StatusReader", "SyncHeartbeat", "heartbeat")
+__all__ = ("SidecarHeartbeat", "StatusReader", "SyncHeartbeat", "heartbeat")

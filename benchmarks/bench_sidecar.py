@@ -1,0 +1,168 @@
+"""The sidecar's costs beside in-loop beats (issue 29, item 6; not asserted anywhere).
+
+One run, each side in a fresh worker process of its own against one private Redis: the sync
+shell with its beats from the sidecar helper (``jobpulse.sync.heartbeat``'s default) and the
+same shell beating from a thread of the worker (``sidecar=False``). Each worker:
+
+1. enters its first job (after ``import jobpulse``): the start-up time of a fresh process
+   (for the sidecar: spawning the helper, its imports, its client, the acquire);
+2. holds ``JOBS`` jobs at interval 1 s (``JOBS`` beats/s) for ``SECONDS``, and reads the CPU
+   time of the worker and of its helper over that window (psutil), scaled to 1,000 beats/s;
+3. sends 200 checkpoints one after another on one more job (with the others beating):
+   ``checkpoint()`` latency, p50 and p99;
+4. reads the helper's RSS (and USS: what it alone costs).
+
+Run: ``python -m benchmarks.bench_sidecar [--quick]`` (prints JSON).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from typing import Any
+
+from .common import private_redis
+
+NAME = "sidecar"
+TITLE = "The sidecar helper beside in-loop beats"
+
+WORKER = r"""
+import contextlib, json, os, sys, time
+import psutil, redis
+import jobpulse.sync
+
+url, sidecar, jobs, seconds = sys.argv[1], sys.argv[2] == "1", int(sys.argv[3]), float(sys.argv[4])
+client = redis.Redis.from_url(url, socket_timeout=3.0)
+me = psutil.Process()
+
+def cpu(proc):
+    t = proc.cpu_times()
+    return t.user + t.system
+
+with contextlib.ExitStack() as stack:
+    t0 = time.perf_counter()
+    first = stack.enter_context(
+        jobpulse.sync.heartbeat(client, "first", namespace="sc", sidecar=sidecar)
+    )
+    startup = time.perf_counter() - t0
+    helper = psutil.Process(first.helper_pid) if sidecar else None
+    for i in range(jobs - 1):
+        hb = jobpulse.sync.heartbeat(client, f"j{i}", namespace="sc", sidecar=sidecar)
+        stack.enter_context(hb)
+    time.sleep(2.0)  # every job has beaten once: the window sees the steady state
+    w0, h0, t1 = cpu(me), (cpu(helper) if helper else 0.0), time.monotonic()
+    time.sleep(seconds)
+    w1, h1, t2 = cpu(me), (cpu(helper) if helper else 0.0), time.monotonic()
+    hb = jobpulse.sync.heartbeat(client, "ckpt", namespace="sc", sidecar=sidecar)
+    stack.enter_context(hb)
+    lat = []
+    for i in range(200):
+        a = time.perf_counter()
+        hb.checkpoint(i=i)
+        lat.append(time.perf_counter() - a)
+    mem = helper.memory_full_info() if helper else None
+    out = {
+        "startup_s": startup,
+        "window_s": t2 - t1,
+        "worker_cpu_s": w1 - w0,
+        "helper_cpu_s": h1 - h0,
+        "checkpoint_s": lat,
+        "helper_rss": mem.rss if mem else 0,
+        "helper_uss": mem.uss if mem else 0,
+        "worker_rss": me.memory_info().rss,
+    }
+print(json.dumps(out), flush=True)
+"""
+
+
+def _pct(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+
+def side(url: str, sidecar: bool, jobs: int, seconds: float) -> dict[str, Any]:
+    args = [sys.executable, "-c", WORKER, url, "1" if sidecar else "0", str(jobs), str(seconds)]
+    out = subprocess.run(args, capture_output=True, text=True, check=True, timeout=600).stdout
+    res: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
+    per_1000 = 1000.0 / jobs  # JOBS jobs at interval 1 s: JOBS beats/s
+    cpu = res["worker_cpu_s"] + res["helper_cpu_s"]
+    res["cpu_pct_per_1000"] = 100.0 * cpu / res["window_s"] * per_1000
+    res["helper_cpu_pct_per_1000"] = 100.0 * res["helper_cpu_s"] / res["window_s"] * per_1000
+    res["checkpoint_p50_ms"] = 1000 * _pct(res["checkpoint_s"], 0.50)
+    res["checkpoint_p99_ms"] = 1000 * _pct(res["checkpoint_s"], 0.99)
+    del res["checkpoint_s"]
+    return res
+
+
+def run(quick: bool = False, soak: bool = False) -> dict[str, Any]:
+    jobs, seconds = (200, 5.0) if quick else (1000, 20.0)
+    with private_redis() as server:
+        inloop = side(server.url, False, jobs, seconds)
+        helper = side(server.url, True, jobs, seconds)
+    cpu_ratio = helper["cpu_pct_per_1000"] / max(inloop["cpu_pct_per_1000"], 1e-9)
+    added_start = 1000 * (helper["startup_s"] - inloop["startup_s"])
+    added_p99 = helper["checkpoint_p99_ms"] - inloop["checkpoint_p99_ms"]
+    mib = 1024 * 1024
+    return {
+        "name": NAME,
+        "title": TITLE,
+        "issue": 29,
+        "method": (
+            f"Two fresh worker processes, one after the other, against one private Redis: the "
+            f"sync shell with sidecar=True and with sidecar=False (a beat thread in the worker). "
+            f"Each holds {jobs} jobs at interval 1 s ({jobs} beats/s) for {seconds:.0f} s; CPU "
+            "is psutil's user+system time of the worker plus its helper over that window, "
+            "scaled to 1,000 beats/s; then 200 checkpoints in a row on one more job; start-up "
+            "is the first `with heartbeat(...)` entry of the fresh process (after import)."
+            + (" --quick: a short run, expect noise." if quick else "")
+        ),
+        "tables": [
+            {
+                "title": f"{jobs} jobs, interval 1 s",
+                "columns": ["figure", "in-loop (thread)", "sidecar", "goal", "met"],
+                "rows": [
+                    [
+                        "CPU % of a core per 1,000 beats/s (worker + helper)",
+                        f"{inloop['cpu_pct_per_1000']:.1f}",
+                        f"{helper['cpu_pct_per_1000']:.1f} "
+                        f"(helper {helper['helper_cpu_pct_per_1000']:.1f})",
+                        "<= 1.2x in-loop",
+                        "yes" if cpu_ratio <= 1.2 else f"no ({cpu_ratio:.2f}x)",
+                    ],
+                    [
+                        "checkpoint() p50 / p99 (ms)",
+                        f"{inloop['checkpoint_p50_ms']:.2f} / {inloop['checkpoint_p99_ms']:.2f}",
+                        f"{helper['checkpoint_p50_ms']:.2f} / {helper['checkpoint_p99_ms']:.2f}",
+                        "",
+                        f"+{added_p99:.2f} ms p99",
+                    ],
+                    [
+                        "first job's start-up in a fresh process (ms)",
+                        f"{1000 * inloop['startup_s']:.0f}",
+                        f"{1000 * helper['startup_s']:.0f}",
+                        "<= 150 ms added",
+                        "yes" if added_start <= 150 else f"no (+{added_start:.0f} ms)",
+                    ],
+                    [
+                        "helper RSS / USS (MiB)",
+                        "",
+                        f"{helper['helper_rss'] / mib:.1f} / {helper['helper_uss'] / mib:.1f}",
+                        "",
+                        "",
+                    ],
+                ],
+                "note": "USS is the memory the helper alone adds (RSS counts shared pages).",
+            }
+        ],
+        "plots": [],
+        "data": {"in_loop": inloop, "sidecar": helper, "jobs": jobs, "seconds": seconds},
+        "goals": {
+            "sidecar CPU <= 1.2x in-loop": cpu_ratio <= 1.2,
+            "start-up <= 150 ms added": added_start <= 150,
+        },
+    }
+
+
+if __name__ == "__main__":
+    print(json.dumps(run(quick="--quick" in sys.argv), indent=2))
