@@ -1,31 +1,49 @@
 """A Dramatiq actor under a jobpulse heartbeat: live progress read back while a worker runs it.
 
-    python examples/dramatiq_example.py [--redis URL]
+Needs ``pip install ".[dramatiq]"`` (from the checkout) and a Redis at ``REDIS_URL`` (default
+``redis://localhost:6379/0``; ``redis-server`` or ``docker run -p 6379:6379 redis:7`` starts one).
+Run the commands from the checkout's root.
 
-Needs ``pip install "jobpulse[dramatiq]"``. Uses the Redis at ``--redis`` / ``REDIS_URL`` when one
-answers, else starts a private ``redis-server`` for the run. The worker (``dramatiq.Worker``, the
-class the ``dramatiq`` command runs) runs in this process; in production it is ``dramatiq
-examples.dramatiq_example``.
+All in one process (a ``dramatiq.Worker``, the class the ``dramatiq`` command runs, in this
+script runs one message; its progress is printed)::
+
+    python examples/dramatiq_example.py
+
+In production the worker is Dramatiq's own command, and messages are sent from another process::
+
+    dramatiq examples.dramatiq_example              # shell 1: the worker (reads REDIS_URL)
+    python examples/dramatiq_example.py --send      # shell 2: sends a message, prints its id
+    jobpulse watch MESSAGE_ID                       # shell 2: its live progress bar
 """
 
 from __future__ import annotations
 
 import argparse
-import secrets
+import os
 import time
 
 import dramatiq
 import redis
 from dramatiq.brokers.redis import RedisBroker
+from dramatiq.results import Results
+from dramatiq.results.backends import RedisBackend
 
 import jobpulse
 import jobpulse.sync
 from jobpulse import JobState
-from jobpulse._provision import provision_redis
 from jobpulse.integrations.dramatiq import instrument
 
+URL = os.environ.get("REDIS_URL", "redis://localhost:6379/0")
+NAMESPACE = "jobpulse-example-dramatiq"  # the worker and the senders must name the same
 
-def report(rows: int) -> None:
+broker = RedisBroker(url=URL, namespace=NAMESPACE)
+broker.add_middleware(Results(backend=RedisBackend(url=URL, namespace=NAMESPACE)))
+instrument(broker)  # every actor runs under jobpulse.sync.heartbeat(..., kind=<actor name>)
+dramatiq.set_broker(broker)
+
+
+@dramatiq.actor(store_results=True)  # store_results: the Results middleware above
+def report(rows: int) -> dict[str, int]:
     """A long actor: ``jobpulse.current()`` is its heartbeat (None when not instrumented)."""
     hb = jobpulse.current()
     if hb is not None:
@@ -33,29 +51,27 @@ def report(rows: int) -> None:
         hb.set_stage("aggregate")
     for _ in range(rows):
         if hb is not None:
-            hb.check()  # stops here after jobpulse.request_cancel
+            hb.check()  # stops here after jobpulse.sync.request_cancel
         time.sleep(0.05)  # the real work
         if hb is not None:
             hb.progress.advance()
+    return {"rows": rows}
 
 
-def main(url: str) -> None:
-    broker = RedisBroker(url=url, namespace=f"jobpulse-example-{secrets.token_hex(4)}")
-    instrument(broker)  # every actor runs under jobpulse.sync.heartbeat(..., kind=<actor name>)
-    dramatiq.set_broker(broker)
-    actor = dramatiq.actor(report, broker=broker)
+def main(rows: int) -> None:
     worker = dramatiq.Worker(broker, worker_threads=1, worker_timeout=100)
     worker.start()
     try:
-        message = actor.send(40)
-        reader = jobpulse.sync.StatusReader(redis.Redis.from_url(url))
+        message = report.send(rows)  # the message id is the jobpulse job id
+        reader = jobpulse.sync.StatusReader(redis.Redis.from_url(URL))
         while True:
-            status = reader.get(message.message_id)  # the message id is the jobpulse job id
+            status = reader.get(message.message_id)
             stage = status.stage or "-"
             print(f"{status.state.name:9} {stage:10} {status.done}/{status.total}", flush=True)
             if status.state in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED):
                 break
             time.sleep(0.3)
+        print("dramatiq result:", message.get_result(block=True, timeout=10_000))
     finally:
         worker.stop()
         broker.close()
@@ -63,8 +79,10 @@ def main(url: str) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--redis", default=None)
+    parser.add_argument("--send", action="store_true", help="only send a message; print its id")
+    parser.add_argument("--rows", type=int, default=200, help="the job's size (0.05 s a row)")
     args = parser.parse_args()
-    with provision_redis(args.redis) as (url, how):
-        print(f"Redis: {url} ({how})")
-        main(url)
+    if args.send:
+        print(report.send(args.rows).message_id)
+    else:
+        main(args.rows)

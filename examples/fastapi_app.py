@@ -1,8 +1,8 @@
 """A FastAPI service: POST starts a CPU-heavy job in a process pool and answers 202 Accepted;
 GET follows it (JSON with Retry-After, a long poll, or Server-Sent Events).
 
-    pip install "jobpulse[http]" fastapi
-    python examples/fastapi_app.py [--redis URL] [--port 8000]
+    pip install ".[http]" fastapi                              # in the jobpulse checkout
+    python examples/fastapi_app.py [--redis URL] [--port 8000]   # from the checkout's root
 
     curl -i -X POST 'localhost:8000/reports?items=3000'      # 202, Location: /jobpulse/jobs/<id>
     curl -i localhost:8000/jobpulse/jobs/<job_id>             # JSON status, ETag, Retry-After
@@ -16,8 +16,8 @@ POST returns ``accepted(request, job_id, mount="/jobpulse")`` once the job's lea
 the ``Location`` answers at once. The job runs under ``jobpulse.heartbeat`` in the server
 process while the hashing itself runs in a ``ProcessPoolExecutor``, reporting through the
 shared-memory ``ProgressCell``. Another Python service waits on it with
-``await jobpulse.http.poll(url)``. Uses the Redis at
-``--redis`` / ``REDIS_URL`` when one answers, else starts a private ``redis-server``.
+``await jobpulse.http.poll(url)``. Uses the Redis at ``--redis``, else ``REDIS_URL``, else
+``redis://localhost:6379/0`` (``redis-server`` or ``docker run -p 6379:6379 redis:7`` starts one).
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ import argparse
 import asyncio
 import hashlib
 import multiprocessing
+import os
 import secrets
 from collections.abc import AsyncIterator
 from concurrent.futures import ProcessPoolExecutor
@@ -37,7 +38,6 @@ from fastapi import FastAPI, Query, Request
 from fastapi.responses import Response
 
 from jobpulse import ProgressCell, StatusReader, heartbeat
-from jobpulse._provision import provision_redis
 from jobpulse.http import accepted, create_app
 
 
@@ -105,10 +105,9 @@ def build(redis_url: str) -> FastAPI:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--redis", default=None)
+    parser.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://localhost:6379/0"))
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000)
     args = parser.parse_args()
-    with provision_redis(args.redis) as (url, how):
-        print(f"Redis: {url} ({how}); open http://{args.host}:{args.port}/jobpulse/")
-        uvicorn.run(build(url), host=args.host, port=args.port)
+    print(f"open http://{args.host}:{args.port}/jobpulse/ (the dashboard)", flush=True)
+    uvicorn.run(build(args.redis), host=args.host, port=args.port)

@@ -2,8 +2,9 @@
 
     python examples/process_pool_demo.py [--redis URL] [--items N]
 
-Uses the Redis at ``--redis`` / ``REDIS_URL`` when one answers, else starts a private
-``redis-server`` (or a Docker container) for the run and stops it afterwards.
+Uses the Redis at ``--redis``, else ``REDIS_URL``, else ``redis://localhost:6379/0``
+(``redis-server`` or ``docker run -p 6379:6379 redis:7`` starts one; ``jobpulse demo`` starts one
+by itself).
 """
 
 from __future__ import annotations
@@ -12,12 +13,12 @@ import argparse
 import asyncio
 import hashlib
 import multiprocessing
+import os
 from concurrent.futures import ProcessPoolExecutor
 
 import redis.asyncio as aioredis
 
 from jobpulse import ProgressCell, heartbeat
-from jobpulse._provision import provision_redis
 
 
 def crunch(cell: ProgressCell, items: int) -> str:
@@ -59,9 +60,7 @@ async def main(url: str, items: int) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--redis", default=None)
+    parser.add_argument("--redis", default=os.environ.get("REDIS_URL", "redis://localhost:6379/0"))
     parser.add_argument("--items", type=int, default=2000)
     args = parser.parse_args()
-    with provision_redis(args.redis) as (url, how):
-        print(f"Redis: {url} ({how})")
-        asyncio.run(main(url, args.items))
+    asyncio.run(main(args.redis, args.items))

@@ -1,16 +1,25 @@
 """An RQ job under a jobpulse heartbeat: live progress read back while an RQ worker runs it.
 
-    python examples/rq_example.py [--redis URL]
+Needs ``pip install ".[rq]"`` (from the checkout) and a Redis at ``REDIS_URL`` (default
+``redis://localhost:6379/0``; ``redis-server`` or ``docker run -p 6379:6379 redis:7`` starts one).
+Run the commands from the checkout's root.
 
-Needs ``pip install "jobpulse[rq]"``. Uses the Redis at ``--redis`` / ``REDIS_URL`` when one
-answers, else starts a private ``redis-server`` for the run. The worker (``rq worker -w
-examples.rq_example.JobpulseWorker``, in burst mode) runs in a child process of this script.
+All in one go (this script sends a job, starts a burst worker, the command below, in a child
+process, and prints the job's progress)::
+
+    python examples/rq_example.py
+
+In production the worker is RQ's own command, and jobs are sent from another process::
+
+    rq worker -u "$REDIS_URL" -w examples.rq_example.JobpulseWorker jobpulse-example-rq  # shell 1
+    python examples/rq_example.py --send            # shell 2: sends a job, prints its id
+    jobpulse watch JOB_ID                           # shell 2: its live progress bar
 """
 
 from __future__ import annotations
 
 import argparse
-import secrets
+import os
 import subprocess
 import sys
 import time
@@ -22,8 +31,10 @@ from rq import Queue
 import jobpulse
 import jobpulse.sync
 from jobpulse import JobState
-from jobpulse._provision import provision_redis
 from jobpulse.integrations.rq import worker_class
+
+URL = os.environ.get("REDIS_URL", "redis://localhost:6379/0")
+QUEUE = "jobpulse-example-rq"  # the worker and the senders must name the same queue
 
 JobpulseWorker = worker_class()  # every job runs under jobpulse.sync.heartbeat(...)
 
@@ -36,34 +47,38 @@ def report(rows: int) -> dict[str, int]:
         hb.set_stage("aggregate")
     for _ in range(rows):
         if hb is not None:
-            hb.check()  # stops here after jobpulse.request_cancel
+            hb.check()  # stops here after jobpulse.sync.request_cancel
         time.sleep(0.05)  # the real work
         if hb is not None:
             hb.progress.advance()
     return {"rows": rows}
 
 
-def main(url: str) -> None:
-    connection = redis.Redis.from_url(url)
-    queue = Queue(f"jobpulse-example-{secrets.token_hex(4)}", connection=connection)
-    job = queue.enqueue("examples.rq_example.report", 40)
-    root = Path(__file__).resolve().parent.parent
+def send(connection: redis.Redis, rows: int) -> str:
+    """Enqueue one job; its RQ job id is its jobpulse job id."""
+    return Queue(QUEUE, connection=connection).enqueue("examples.rq_example.report", rows).id
+
+
+def main(rows: int) -> None:
+    connection = redis.Redis.from_url(URL)
+    job_id = send(connection, rows)
     worker = subprocess.Popen(
-        [sys.executable, "-m", "rq.cli", "worker", "--burst", "-u", url,
-         "-w", "examples.rq_example.JobpulseWorker", queue.name],
-        cwd=root,
+        [sys.executable, "-m", "rq.cli", "worker", "--burst", "-u", URL,
+         "-w", "examples.rq_example.JobpulseWorker", QUEUE],
+        cwd=Path(__file__).resolve().parent.parent,
     )  # fmt: skip
     try:
         reader = jobpulse.sync.StatusReader(connection)
         while True:
-            status = reader.get(job.id)  # the RQ job id is the jobpulse job id
+            status = reader.get(job_id)
             stage = status.stage or "-"
             print(f"{status.state.name:9} {stage:10} {status.done}/{status.total}", flush=True)
             if status.state in (JobState.COMPLETED, JobState.FAILED, JobState.CANCELLED):
                 break
             time.sleep(0.3)
         worker.wait(timeout=30)
-        print("rq result:", job.return_value())
+        job = Queue(QUEUE, connection=connection).fetch_job(job_id)
+        print("rq result:", job.return_value() if job is not None else None)
     finally:
         if worker.poll() is None:
             worker.terminate()
@@ -72,8 +87,10 @@ def main(url: str) -> None:
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--redis", default=None)
+    parser.add_argument("--send", action="store_true", help="only send a job; print its id")
+    parser.add_argument("--rows", type=int, default=200, help="the job's size (0.05 s a row)")
     args = parser.parse_args()
-    with provision_redis(args.redis) as (url, how):
-        print(f"Redis: {url} ({how})")
-        main(url)
+    if args.send:
+        print(send(redis.Redis.from_url(URL), args.rows))
+    else:
+        main(args.rows)

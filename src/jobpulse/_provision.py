@@ -490,7 +490,14 @@ def provision_redis(url: str | None = None) -> Iterator[tuple[str, str]]:
             yield server.url, f"started redis-server on port {server.port}"
         return
     if _docker_answers():
-        from testcontainers.redis import RedisContainer
+        try:
+            from testcontainers.redis import RedisContainer
+        except ImportError:  # the dev extra brings it; the cli extra does not
+            raise RuntimeError(
+                "no Redis answers and redis-server is not on PATH; a Docker engine answers but "
+                "the testcontainers package is missing (pip install testcontainers), or set "
+                "REDIS_URL"
+            ) from None
 
         with RedisContainer("redis:7-alpine") as container:
             host = container.get_container_host_ip()

@@ -3,12 +3,14 @@ with ``--kill``, and leaves no process behind (no redis-server, no pool worker).
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shutil
 import subprocess
 import sys
 import threading
 import time
+from typing import Any
 
 import psutil
 import pytest
@@ -73,7 +75,7 @@ def assert_all_gone(processes: set[tuple[int, float]], within: float = 30.0) -> 
 @pytest.mark.skipif(shutil.which("redis-server") is None, reason="needs redis-server on PATH")
 def test_demo_starts_its_own_redis_and_stops_everything() -> None:
     url = f"redis://127.0.0.1:{free_port()}/0"
-    code, out, seen = run_demo("--redis", url, "--jobs", "2", "--items", "60")
+    code, out, seen = run_demo("--redis", url, "--jobs", "2", "--items", "60", "--seconds", "1")
     assert code == 0, out
     assert f"No Redis answers at {url}" in out
     port = int(re.search(r"started redis-server on port (\d+)", out).group(1))  # type: ignore[union-attr]
@@ -89,7 +91,17 @@ def test_demo_kill_shows_stale_and_the_claim(redis_url: str, ns: str) -> None:
     """The killed job goes STALE and is claimed; the sidecar job beside it holds the GIL past
     its lease and is never STALE."""
     code, out, seen = run_demo(
-        "--redis", redis_url, "--namespace", ns, "--jobs", "2", "--items", "300", "--kill"
+        "--redis",
+        redis_url,
+        "--namespace",
+        ns,
+        "--jobs",
+        "2",
+        "--items",
+        "300",
+        "--seconds",
+        "4",
+        "--kill",
     )
     assert code == 0, out
     assert f"Redis: {redis_url}" in out
@@ -139,7 +151,6 @@ async def _states(redis_url: str, ns: str) -> dict[str, bytes]:
 def test_sigterm_stops_the_demo_and_its_jobs_end_cancelled(redis_url: str, ns: str) -> None:
     """An orchestrator's SIGTERM: the demo cancels its jobs through Redis, they write
     CANCELLED, every pool worker exits, and the demo exits with 128 + SIGTERM."""
-    import asyncio
     import signal
 
     with subprocess.Popen(
@@ -165,3 +176,68 @@ def test_sigterm_stops_the_demo_and_its_jobs_end_cancelled(redis_url: str, ns: s
     assert list(asyncio.run(_states(redis_url, ns)).values()) == [b"CANCELLED"] * 2, text
     assert "Traceback" not in text
     assert_all_gone(seen)
+
+
+async def _stale_job_of_another_app(url: str, job: str) -> None:
+    """A job of another application in the default namespace whose worker was SIGKILLed:
+    STALE, waiting for that application's sweeper."""
+    import redis.asyncio as aioredis
+
+    from jobpulse import JobState, StatusReader
+
+    from .support import Worker
+
+    worker = await Worker.start(url, "jobpulse", job, total=5, step=0.01, outcome="hold")
+    worker.kill()
+    await worker.wait()
+    client = aioredis.Redis.from_url(url)
+    try:
+        async with StatusReader(client, cache_ttl=0) as reader:
+            async with asyncio.timeout(30):
+                while (await reader.get(job)).state is not JobState.STALE:
+                    await asyncio.sleep(0.1)
+    finally:
+        await client.aclose()
+
+
+async def _job_state(url: str, job: str) -> tuple[str, int]:
+    import redis.asyncio as aioredis
+
+    from jobpulse import StatusReader
+
+    client = aioredis.Redis.from_url(url)
+    try:
+        async with StatusReader(client, cache_ttl=0) as reader:
+            st = await reader.get(job)
+            return st.state.name, st.fence or 0
+    finally:
+        await client.aclose()
+
+
+def test_demo_kill_never_touches_another_apps_stale_job(private_redis: Any) -> None:
+    """On a Redis that already answers and holds another application's STALE job in the
+    default namespace, ``demo --kill`` runs and sweeps in a namespace of its own: the other job
+    stays STALE (its own sweeper's to claim), and ``--namespace`` naming that namespace is
+    refused before anything starts."""
+    url = private_redis.url
+    asyncio.run(_stale_job_of_another_app(url, "their-report"))
+    before = asyncio.run(_job_state(url, "their-report"))
+    assert before[0] == "STALE"
+
+    code, out, seen = run_demo(
+        "--redis", url, "--jobs", "1", "--items", "300", "--seconds", "4", "--kill"
+    )
+    assert code == 0, out
+    assert re.search(r"sweeper claimed demo-\w+-1: attempt 1 .* is LOST", out), out
+    assert asyncio.run(_job_state(url, "their-report")) == before
+    assert re.search(r"--namespace jobpulse-demo-\w+", out), out  # the watch hint names it
+    assert_all_gone(seen)
+
+    refused = subprocess.run(
+        [*JOBPULSE, "demo", "--redis", url, "--namespace", "jobpulse", "--kill"],
+        cwd=ROOT, env=env(), capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert refused.returncode == 64, refused
+    assert "their-report" in refused.stderr
+    assert "Traceback" not in refused.stderr
+    assert asyncio.run(_job_state(url, "their-report")) == before

@@ -17,7 +17,6 @@ import redis.cluster
 
 import jobpulse
 from jobpulse import JobBusy, JobCancelled, JobState, LeaseLost, LeaseLostCause
-from jobpulse._protocol import calls
 from jobpulse._protocol.codec import parse_stream_id
 from jobpulse._protocol.keys import KeySchema
 from jobpulse.sync import StatusReader, heartbeat
@@ -93,13 +92,33 @@ def test_remote_cancel_reaches_check_and_ends_cancelled(
         pytest.raises(JobCancelled),
         heartbeat(sync_client, "stop-me", namespace=ns, interval=0.05, ttl=1.0) as hb,
     ):
-        script = KeySchema(ns).job("stop-me").all()
-        assert calls.run_sync(cancel, calls.cancel(script, 1000, "")) is calls.CancelCode.REQUESTED
+        assert jobpulse.sync.request_cancel(cancel, "stop-me", namespace=ns, reason="enough")
+        # a second request of the same run is recorded once and still answers True
+        assert jobpulse.sync.request_cancel(cancel, "stop-me", namespace=ns)
         while not hb.cancelled:
             time.sleep(0.01)
         hb.check()
-    cancel.close()
     assert sync_client.hget(keys.state, "status") == b"CANCELLED"
+    requests = [e for e in sync_client.xrange(keys.events) if e[1][b"kind"] == b"cancel"]
+    assert [e[1][b"details"] for e in requests] == [b'{"reason":"enough"}']
+    # ended: nothing to cancel
+    assert jobpulse.sync.request_cancel(cancel, "stop-me", namespace=ns) is False
+    assert jobpulse.sync.request_cancel(cancel, "never-ran", namespace=ns) is False
+    cancel.close()
+
+
+def test_sync_request_cancel_refuses_bad_input_before_any_write(
+    sync_client: redis.Redis, ns: str
+) -> None:
+    with pytest.raises(jobpulse.InvalidJobId):
+        jobpulse.sync.request_cancel(sync_client, "", namespace=ns)
+    with pytest.raises(jobpulse.InvalidJobId):
+        jobpulse.sync.request_cancel(sync_client, "x", namespace="")
+    with pytest.raises(ValueError, match="maxlen"):
+        jobpulse.sync.request_cancel(sync_client, "x", namespace=ns, maxlen=0)
+    with pytest.raises(ValueError, match="reason"):
+        jobpulse.sync.request_cancel(sync_client, "x", namespace=ns, reason="r" * 5000)
+    assert list(sync_client.scan_iter(match=f"{ns}:*")) == []
 
 
 def test_stolen_lease_raises_lease_lost_at_exit(sync_client: redis.Redis, ns: str) -> None:
@@ -261,6 +280,16 @@ def test_sync_shell_and_reader_on_a_cluster(redis_cluster: Any, ns: str) -> None
             assert hb.checkpoint(at=1) is True
             hb.progress.advance(2)
             assert reader.get("clustered").state is JobState.RUNNING
+        assert jobpulse.sync.request_cancel(client, "clustered", namespace=ns) is False
+        with (
+            pytest.raises(JobCancelled),
+            heartbeat(client, "c2", namespace=ns, interval=0.05) as c2,
+        ):
+            assert jobpulse.sync.request_cancel(client, "c2", namespace=ns) is True
+            while not c2.cancelled:
+                time.sleep(0.01)
+            c2.check()
+        assert reader.get("c2").state is JobState.CANCELLED
         status = reader.get("clustered")
         assert status.state is JobState.COMPLETED
         assert status.done == 2

@@ -46,6 +46,8 @@ def typos_are_refused(client: aioredis.Redis, sync: redis.Redis) -> None:
     jobpulse.heartbeat(sync, "x")  # type: ignore[arg-type]
     jobpulse.sync.heartbeat(sync, "x", ttl="long")  # type: ignore[arg-type]
     jobpulse.sync.heartbeat(client, "x")  # type: ignore[arg-type]
+    jobpulse.sync.request_cancel(sync, "x", reasn="typo")  # type: ignore[call-arg]
+    jobpulse.sync.request_cancel(client, "x")  # type: ignore[arg-type]
 
 
 async def reader(client: aioredis.Redis) -> list[Event]:
@@ -83,6 +85,11 @@ def sync_worker(client: redis.Redis) -> int:
         print(written)
         hb.set_stage("upload")
         return sync_hb.fence + hb.attempt
+
+
+def sync_operator(client: redis.Redis) -> bool:
+    asked: bool = jobpulse.sync.request_cancel(client, "s", namespace="jobpulse", reason="stop")
+    return asked
 
 
 def sync_reader(client: redis.Redis) -> JobState:

@@ -27,3 +27,19 @@ def test_every_exception_derives_from_jobpulse_error() -> None:
         if isinstance(obj, type) and issubclass(obj, BaseException):
             assert issubclass(obj, jobpulse.JobpulseError), name
     assert issubclass(jobpulse.InvalidJobId, ValueError)
+
+
+def test_sync_has_the_blocking_twin_of_every_operator_call() -> None:
+    import inspect
+
+    import jobpulse.sync
+
+    assert "request_cancel" in jobpulse.sync.__all__
+    asynchronous = inspect.signature(jobpulse.request_cancel)
+    blocking = inspect.signature(jobpulse.sync.request_cancel)
+    # the same parameters, defaults and answer; only the client differs (asyncio / blocking)
+    first, *rest = asynchronous.parameters.values()
+    blocking_first, *blocking_rest = blocking.parameters.values()
+    assert first.name == blocking_first.name == "redis"
+    assert rest == blocking_rest
+    assert asynchronous.return_annotation == blocking.return_annotation

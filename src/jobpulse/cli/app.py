@@ -61,6 +61,16 @@ def _positive(text: str) -> float:
     return value
 
 
+def _not_negative(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {text}")
+    return value
+
+
 def _count(text: str) -> int:
     try:
         value = int(text)
@@ -69,6 +79,19 @@ def _count(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be >= 1, got {text}")
     return value
+
+
+def _common(namespace_help: str, namespace: str | None) -> _Parser:
+    """The options every command takes (``--redis``, ``--namespace``)."""
+    common = _Parser(add_help=False)
+    common.add_argument(
+        "--redis",
+        metavar="URL",
+        default=None,
+        help="Redis URL (default: $REDIS_URL, else redis://localhost:6379/0)",
+    )
+    common.add_argument("--namespace", default=namespace, help=namespace_help)
+    return common
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -80,22 +103,19 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"jobpulse {__version__}")
-    common = _Parser(add_help=False)
-    common.add_argument(
-        "--redis",
-        metavar="URL",
-        default=None,
-        help="Redis URL (default: $REDIS_URL, else redis://localhost:6379/0)",
-    )
-    common.add_argument(
-        "--namespace", default="jobpulse", help="the key prefix of the jobs (default: jobpulse)"
+    common = _common("the key prefix of the jobs (default: jobpulse)", "jobpulse")
+    # The demo's sweeper claims every stale job of its namespace: by default a fresh one.
+    demo_common = _common(
+        "the key prefix of the demo's jobs (default: a fresh jobpulse-demo-XXXXXX per run; "
+        "a namespace holding running jobs is refused)",
+        None,
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def command(name: str, run: Command, summary: str, example: str) -> argparse.ArgumentParser:
         p = sub.add_parser(
             name,
-            parents=[common],
+            parents=[demo_common if name == "demo" else common],
             help=summary,
             description=summary,
             epilog=f"example:\n  {example}",
@@ -183,6 +203,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=_count, default=1, help="jobs side by side (default 1)")
     p.add_argument("--items", type=_count, default=600, help="work items per job (default 600)")
     p.add_argument(
+        "--seconds",
+        type=_not_negative,
+        default=30.0,
+        help="the least time each job takes: its items are paced, leaving time to run "
+        "'jobpulse watch' on it from another shell (default 30; 0: as fast as the CPU goes)",
+    )
+    p.add_argument(
         "--kill",
         action="store_true",
         help="SIGKILL the first job's worker process midway: watch it go STALE and the "
@@ -222,7 +249,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     url = resolve_url(args.redis)
     try:
-        check_namespace(args.namespace)
+        if args.namespace is not None:  # None: the demo picks a fresh one
+            check_namespace(args.namespace)
         if getattr(args, "job", None) is not None:
             check_job_id(args.job)
         return int(args.run(args, url))

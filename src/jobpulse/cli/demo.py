@@ -22,6 +22,11 @@ process pool whose worker dies is broken as a whole.
 
 Redis: the URL's server when it answers, else a private ``redis-server`` from PATH, else a
 Docker container (``jobpulse._provision``); whatever the demo starts, it stops.
+
+The demo touches its own namespace only: its sweeper claims *every* stale job of the namespace
+it sweeps, so by default the demo runs in a fresh ``jobpulse-demo-XXXXXX``, and a namespace
+given with ``--namespace`` is refused when its running index already names a job (another
+application's, which the demo's sweeper could turn LOST).
 """
 
 from __future__ import annotations
@@ -68,23 +73,38 @@ _BLOCK = bytes(range(256)) * 256  # 64 KiB
 # -- the work (runs in the pool process) ----------------------------------------------------------
 
 
-def hash_kernel(cell: Any, items: int, blocks: int = 96) -> str:
-    """SHA-256 chained over ``blocks`` 64 KiB blocks per item (hashlib releases the GIL)."""
+def _pace(started: float, done: int, per_item: float) -> None:
+    """Sleep until ``done`` items have taken at least ``per_item`` seconds each."""
+    ahead = started + done * per_item - time.monotonic()
+    if ahead > 0:
+        time.sleep(ahead)
+
+
+def hash_kernel(cell: Any, items: int, blocks: int = 96, per_item: float = 0.0) -> str:
+    """SHA-256 chained over ``blocks`` 64 KiB blocks per item (hashlib releases the GIL); each
+    item takes at least ``per_item`` seconds."""
     digest = b"jobpulse"
-    for _ in range(items):
+    started = time.monotonic()
+    for n in range(items):
         cell.check()  # raises JobCancelled once the job must stop
         h = hashlib.sha256(digest)
         for _ in range(blocks):
             h.update(_BLOCK)
         digest = h.digest()
         cell.advance()
+        _pace(started, n + 1, per_item)
     return digest.hex()
 
 
-def mandelbrot_kernel(cell: Any, items: int, width: int = 240, depth: int = 120) -> int:
-    """Count the points of one Mandelbrot row per item that stay bounded (pure Python)."""
+def mandelbrot_kernel(
+    cell: Any, items: int, width: int = 240, depth: int = 120, per_item: float = 0.0
+) -> int:
+    """Count the points of one Mandelbrot row per item that stay bounded (pure Python); each
+    item takes at least ``per_item`` seconds."""
     inside = 0
+    started = time.monotonic()
     for row in range(items):
+        _pace(started, row, per_item)
         cell.check()
         ci = -1.2 + 2.4 * (row % 200) / 200
         for x in range(width):
@@ -105,10 +125,14 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
-def run_job(url: str, namespace: str, job_id: str, items: int, gil: bool = False) -> str:
-    """One demo job, start to end, in the calling process (a pool worker); ``gil``: beaten by
-    the sidecar, it holds the GIL for ``GIL_HOLD`` seconds between its kernels."""
-    return asyncio.run(_job(url, namespace, job_id, items, gil))
+def run_job(
+    url: str, namespace: str, job_id: str, items: int, seconds: float = 0.0, gil: bool = False
+) -> str:
+    """One demo job, start to end, in the calling process (a pool worker); it takes at least
+    ``seconds`` (its items are paced), so there is time to watch it from another shell;
+    ``gil``: beaten by the sidecar, it holds the GIL for ``GIL_HOLD`` seconds between its
+    kernels."""
+    return asyncio.run(_job(url, namespace, job_id, items, seconds, gil))
 
 
 def hold_gil(seconds: float) -> int:
@@ -124,7 +148,7 @@ def hold_gil(seconds: float) -> int:
     return sum(range(int(n * seconds / took)))
 
 
-async def _job(url: str, namespace: str, job_id: str, items: int, gil: bool) -> str:
+async def _job(url: str, namespace: str, job_id: str, items: int, seconds: float, gil: bool) -> str:
     import redis.asyncio as aioredis
 
     from .. import heartbeat
@@ -146,15 +170,17 @@ async def _job(url: str, namespace: str, job_id: str, items: int, gil: bool) -> 
             sidecar=gil,
         ) as hb:
             loop = asyncio.get_running_loop()
-            half = items // 2
+            half, per_item = items // 2, seconds / items
             hb.set_stage("sha256")
-            digest = await loop.run_in_executor(None, hash_kernel, hb.progress, half)
+            digest = await loop.run_in_executor(None, hash_kernel, hb.progress, half, 96, per_item)
             await hb.checkpoint(stage="sha256", digest=digest[:16])
             if gil:
                 hb.set_stage("gil-hold")  # a message: the helper's next beat carries it
                 hold_gil(GIL_HOLD)  # GIL and event loop held: only the helper can beat
             hb.set_stage("mandelbrot")
-            inside = await loop.run_in_executor(None, mandelbrot_kernel, hb.progress, items - half)
+            inside = await loop.run_in_executor(
+                None, mandelbrot_kernel, hb.progress, items - half, 240, 120, per_item
+            )
             return f"sha256 {digest[:12]}, {inside} Mandelbrot points"
     finally:
         await client.aclose()
@@ -164,7 +190,8 @@ async def _job(url: str, namespace: str, job_id: str, items: int, gil: bool) -> 
 
 
 def cmd_demo(args: argparse.Namespace, url: str) -> int:
-    """``jobpulse demo [--jobs N] [--items N] [--kill]``: 0 when every job ended as expected."""
+    """``jobpulse demo [--jobs N] [--items N] [--seconds S] [--kill]``: 0 when every job ended
+    as expected."""
     from .._provision import provision_redis
 
     board = Board()
@@ -173,8 +200,19 @@ def cmd_demo(args: argparse.Namespace, url: str) -> int:
             real_url, how = stack.enter_context(provision_redis(url))
         except RuntimeError as exc:
             fail(f"no Redis answers at {redact(url)}, and {exc}", ExitCode.UNREACHABLE)
+        tag = secrets.token_hex(3)
+        ns = args.namespace if args.namespace is not None else f"jobpulse-demo-{tag}"
         if how == "given":
             board.say(f"Redis: {redact(real_url)}")
+            if args.namespace is not None:
+                foreign = asyncio.run(_running_ids(real_url, ns))
+                if foreign:
+                    fail(
+                        f"namespace {ns!r} already holds running or stale jobs ({foreign[0]}, "
+                        "...): the demo's sweeper would claim them; omit --namespace (the demo "
+                        "then uses a fresh one) or name an unused namespace",
+                        ExitCode.USAGE,
+                    )
         else:
             board.say(
                 f"No Redis answers at {redact(url)}: {how} for this demo at {real_url} "
@@ -183,9 +221,11 @@ def cmd_demo(args: argparse.Namespace, url: str) -> int:
             stack.callback(board.say, f"Stopped the Redis this demo started ({how}).")
         demo = _demo(
             real_url,
-            args.namespace,
+            ns,
+            tag,
             args.jobs,
             args.items,
+            args.seconds,
             args.kill,
             board,
             own_redis=how != "given",
@@ -198,10 +238,27 @@ def cmd_demo(args: argparse.Namespace, url: str) -> int:
     raise AssertionError("unreachable")  # pragma: no cover - for type checkers
 
 
+async def _running_ids(url: str, ns: str) -> list[str]:
+    """The jobs the running index of ``ns`` names (RUNNING or STALE, whoever started them)."""
+    from .. import StatusReader
+
+    async with connect(url) as client, StatusReader(client, namespace=ns) as reader:
+        ids, _ = await reader.running_ids(limit=1)
+        return ids
+
+
 async def _demo(
-    url: str, ns: str, jobs: int, items: int, kill: bool, board: Board, *, own_redis: bool
+    url: str,
+    ns: str,
+    tag: str,
+    jobs: int,
+    items: int,
+    seconds: float,
+    kill: bool,
+    board: Board,
+    *,
+    own_redis: bool,
 ) -> int:
-    tag = secrets.token_hex(3)
     ids = [f"demo-{tag}-{i}" for i in range(1, jobs + 1)]
     loop = asyncio.get_running_loop()
     spawn = multiprocessing.get_context("spawn")
@@ -223,10 +280,11 @@ async def _demo(
         # Start each pool's process first and learn its pid: --kill strikes exactly there.
         pids += await asyncio.gather(*(loop.run_in_executor(p, os.getpid) for p in pools))
         board.say(
-            f"{jobs} job(s) of {items} items (SHA-256, then a Mandelbrot kernel), one worker "
+            f"{jobs} job(s) of {items} items (SHA-256, then a Mandelbrot kernel; "
+            f"at least {seconds:g}s each), one worker "
             f"process each (pid {', '.join(map(str, pids))}); heartbeat every {INTERVAL:g}s, "
             f"lease {TTL:g}s. From another shell: jobpulse watch {ids[0]} --redis {url}"
-            + ("" if ns == "jobpulse" else f" --namespace {ns}")
+            + f" --namespace {ns}"
         )
         async with connect(url) as client:
             gil_job = ids[-1] if len(ids) > 1 else None
@@ -237,7 +295,9 @@ async def _demo(
                     "the lease)"
                 )
             runs = {
-                job: loop.run_in_executor(pool, run_job, url, ns, job, items, job == gil_job)
+                job: loop.run_in_executor(
+                    pool, run_job, url, ns, job, items, seconds, job == gil_job
+                )
                 for job, pool in zip(ids, pools, strict=True)
             }
             try:
