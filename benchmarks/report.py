@@ -32,6 +32,7 @@ ORDER = [
     "cluster",
     "gateway",
     "metrics",
+    "sidecar",
 ]
 
 

@@ -129,7 +129,7 @@ def run_job(
     url: str, namespace: str, job_id: str, items: int, seconds: float = 0.0, gil: bool = False
 ) -> str:
     """One demo job, start to end, in the calling process (a pool worker); it takes at least
-    ``seconds`` (its items are paced), so there is time to watch it from another shell;
+    ``seconds`` (its items are paced), so there is time to watch it from another shell.
     ``gil``: beaten by the sidecar, it holds the GIL for ``GIL_HOLD`` seconds between its
     kernels."""
     return asyncio.run(_job(url, namespace, job_id, items, seconds, gil))
