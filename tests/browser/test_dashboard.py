@@ -28,6 +28,7 @@ ARGS = [
 ]  # fmt: skip
 ARTIFACTS = ROOT / "test-artifacts"
 WAIT_MS = 60_000
+NONE = "\u2013"  # the dashboard's "no value"
 
 pytestmark = [
     pytest.mark.skipif(
@@ -77,6 +78,19 @@ def percent_is(page: object, job: str, test: str) -> None:
     )
 
 
+def still_at_least(page: object, job: str, seconds: float) -> None:
+    """Wait until the row's "no progress for" cell shows at least ``seconds`` (``"1.4 s"``)."""
+    page.wait_for_function(  # type: ignore[attr-defined]
+        """([sel, least]) => {
+            const td = document.querySelector(sel + " .still");
+            const m = td && /^([0-9.]+) s$/.exec(td.textContent);
+            return m !== null && parseFloat(m[1]) >= least;
+        }""",
+        arg=[row(job), seconds],
+        timeout=WAIT_MS,
+    )
+
+
 def state_is(page: object, job: str, state: str) -> None:
     page.wait_for_selector(  # type: ignore[attr-defined]
         f'{row(job)}[data-state="{state}"]', timeout=WAIT_MS
@@ -98,6 +112,8 @@ def test_bar_reaches_100_percent_and_a_killed_worker_turns_stale(
         state_is(page, "report/2024:q3", "RUNNING")
         state_is(page, "video-encode-7", "RUNNING")
         assert page.get_attribute(row("report/2024:q3"), "data-transport") == "sse"
+        # alive but not advancing (it waits for stdin): its standstill shows, and grows
+        still_at_least(page, "report/2024:q3", 1.0)
         assert finite.stdin is not None
         finite.stdin.write("go\n")
         finite.stdin.flush()
@@ -113,6 +129,8 @@ def test_bar_reaches_100_percent_and_a_killed_worker_turns_stale(
         assert badge.inner_text() == "STALE"
         assert badge.evaluate("e => getComputedStyle(e).backgroundColor") == "rgb(198, 40, 40)"
         assert "stale" in (page.get_attribute(row("video-encode-7"), "class") or "")
+        assert page.inner_text(f"{row('video-encode-7')} .still") == NONE  # no worker to wait on
+        assert page.inner_text(f"{row('report/2024:q3')} .still") == NONE  # nothing left to do
         ARTIFACTS.mkdir(exist_ok=True)
         page.screenshot(path=str(ARTIFACTS / "dashboard.png"), full_page=True)
     finally:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import os
 import shutil
 import signal
 import subprocess
@@ -273,8 +274,43 @@ async def test_ls_lists_running_and_stale_jobs(
         assert [s["job_id"] for s in json.loads(result.out)] == ["ls-dead"]
         table = await cli("ls", *base)
         assert table.out.splitlines()[0].split()[:3] == ["JOB", "STATE", "STAGE"]
-        assert "ls-live" in table.out
-        assert "ls-dead" in table.out
+        rows = table_rows(table.out)
+        assert rows["ls-live"]["STATE"] == "RUNNING"
+        assert rows["ls-live"]["STILL"].endswith("s")  # done stood still since it reached 5
+        # a STALE row keeps no ETA nor rate of the worker that stopped, nor a standstill age
+        assert rows["ls-dead"]["STATE"] == "STALE"
+        assert (rows["ls-dead"]["ETA"], rows["ls-dead"]["RATE"]) == ("-", "-")
+        assert rows["ls-dead"]["STILL"] == "-"
+
+
+def table_rows(text: str) -> dict[str, dict[str, str]]:
+    """``ls``'s plain table as ``{job: {column: cell}}`` (cells sliced at the header's columns:
+    a cell may hold a space)."""
+    header, *lines = text.splitlines()
+    names = header.split()
+    starts = [header.index(f"{n} ") if n != names[-1] else header.rindex(n) for n in names]
+    bounds = [*starts[1:], None]
+    rows = [{n: line[a:b].strip() for n, a, b in zip(names, starts, bounds, strict=True)}
+            for line in lines]  # fmt: skip
+    return {row["JOB"]: row for row in rows}
+
+
+async def test_ls_into_a_closed_pipe_exits_quietly(redis_url: str, ns: str) -> None:
+    """``jobpulse ls | head``: the reader of stdout left before ls wrote. Like ``cat``, ls ends
+    by SIGPIPE with nothing on stderr (it said "cannot reach Redis ... Broken pipe", exit 2)."""
+    base = ("--redis", redis_url, "--namespace", ns)
+    async with worker(redis_url, ns, "pipe-live", total=5, step=0.01, outcome="hold"):
+        read, write = os.pipe()
+        os.close(read)  # nobody will read: the first write fails with EPIPE
+        try:
+            proc = subprocess.run(
+                [*JOBPULSE, "ls", *base], stdout=write, stderr=subprocess.PIPE, cwd=ROOT,
+                env=env(), timeout=60, check=False,
+            )  # fmt: skip
+        finally:
+            os.close(write)
+    assert proc.stderr.decode() == ""
+    assert proc.returncode == -signal.SIGPIPE
 
 
 async def test_sweep_once_claims_a_dead_workers_job(

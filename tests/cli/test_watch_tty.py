@@ -1,12 +1,18 @@
 """``jobpulse watch`` in a pseudo-terminal (pexpect): the rich bar advances to 100 %, and turns
-STALE (exit 5) when the worker process is SIGKILLed."""
+STALE (exit 5) when the worker process is SIGKILLed; in an 80-column tmux pane, it draws one line
+per job with the whole id, as the terminal shows it."""
 
 from __future__ import annotations
 
 import contextlib
+import os
 import re
+import shlex
+import shutil
 import subprocess
 import sys
+import time
+import uuid
 from collections.abc import Iterator
 
 import pexpect
@@ -84,3 +90,46 @@ def test_bar_turns_stale_when_the_worker_is_killed(redis_url: str, ns: str) -> N
             child.close(force=True)
     assert child.exitstatus == 5
     assert "STALE: no heartbeat" in ANSI.sub("", child.before)
+
+
+def pane(session: str) -> list[str]:
+    """The lines of the tmux pane as the terminal shows them (wrapped rows are several lines)."""
+    out = subprocess.run(
+        ["tmux", "-L", session, "capture-pane", "-p", "-t", session],
+        capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    return [line.rstrip() for line in out.stdout.splitlines() if line.strip()]
+
+
+@pytest.mark.skipif(shutil.which("tmux") is None, reason="needs tmux")
+@pytest.mark.parametrize(
+    "job", ["tty-80", f"saq:job:default:{uuid.UUID(int=0x3F2A9C1E7B)}"], ids=["short", "saq"]
+)
+def test_bar_fits_an_80_column_terminal_on_one_line(redis_url: str, ns: str, job: str) -> None:
+    """The row of a running job (a count of 7 digits, a 52-character queue id) on an 80-column
+    screen: one line holding the whole id, the percent and the state. It wrapped onto three
+    lines and cut the id before the layout followed the width."""
+    session = f"jp-{os.getpid()}-{len(job)}"
+    argv = [*JOBPULSE, "watch", job, "--redis", redis_url, "--namespace", ns]
+    environ = {k: v for k, v in env(TERM="xterm-256color").items() if k not in ("COLUMNS", "LINES")}
+    with worker(redis_url, ns, job, "1000000", "0.01", "hold"):
+        subprocess.run(
+            ["tmux", "-L", session, "-f", os.devnull, "new-session", "-d", "-s", session,
+             "-x", "80", "-y", "24", shlex.join(argv)],
+            cwd=ROOT, env=environ, check=True,
+        )  # fmt: skip
+        try:
+            deadline = time.monotonic() + 60
+            lines = pane(session)
+            while not any("RUNNING" in line for line in lines):  # the first frame is drawn
+                assert time.monotonic() < deadline, lines
+                time.sleep(0.1)
+                lines = pane(session)
+            time.sleep(0.5)  # a few more frames, with rate and ETA known
+            lines = pane(session)
+        finally:
+            subprocess.run(["tmux", "-L", session, "kill-server"], check=False)
+    assert len(lines) == 1, lines
+    assert lines[0].startswith(job + " "), lines
+    assert "%" in lines[0]
+    assert lines[0].endswith("RUNNING"), lines

@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import subprocess
+import sys
 
 import redis.asyncio as aioredis
+from prometheus_client.parser import text_string_to_metric_families
 
 from jobpulse import Sweeper, heartbeat
 from jobpulse._protocol.keys import KeySchema
 from jobpulse._protocol.scripts import SCRIPTS, evalsha
 from jobpulse.metrics import take_census
+from jobpulse.metrics.prometheus import render
 
+from ..cli.support import ROOT, env
 from ..support import eventually
 
 
@@ -137,7 +142,8 @@ async def test_census_cost_does_not_grow_with_the_number_of_jobs(
         assert [(k.kind, k.running) for k in census.kinds] == [("k", n)]
         costs.append((census.commands, census.round_trips))
     # TIME, kinds, stats; ZCARD + candidates per shard; ZCARD, oldest, sample per kind; 5 HMGET
-    assert costs == [(3 + 2 + 3 + 5, 3), (3 + 2 + 3 + 5, 3)]
+    # of the sample; HMGET + PTTL of the 5 oldest
+    assert costs == [(3 + 2 + 3 + 5 + 10, 3), (3 + 2 + 3 + 5 + 10, 3)]
 
 
 async def test_census_says_when_a_cap_was_hit(redis: aioredis.Redis, ns: str) -> None:
@@ -164,3 +170,74 @@ async def test_kind_index_sweep_and_census_on_a_single_redis_and_a_cluster(
     census = await take_census(client, namespace=ns)
     assert [(k.kind, k.running) for k in census.kinds] == [("", 0), ("report", 0)]
     assert census.sweep_age is not None
+
+
+async def server_ms(redis: aioredis.Redis) -> int:
+    secs, micros = await redis.time()
+    return int(secs) * 1000 + int(micros) // 1000
+
+
+async def test_census_reports_the_longest_standstill_of_a_live_job_per_kind(
+    redis: aioredis.Redis, redis_url: str, ns: str
+) -> None:
+    """A worker process that beats but no longer advances is "alive but not advancing" for as
+    long as its ``done`` stood still; an older STALE job and an advancing job do not count."""
+    schema = KeySchema(ns)
+    await seed(redis, ns, ["dead"], kind="etl", ttl_ms=100, horizon_ms=60_000)
+    with subprocess.Popen(
+        [sys.executable, "-m", "tests.cli.job_proc", redis_url, ns, "stuck", "2", "0", "hold",
+         "etl"],
+        cwd=ROOT, env=env(), stdout=subprocess.PIPE,
+    ) as proc:  # fmt: skip
+        try:
+            assert proc.stdout is not None
+            assert proc.stdout.readline().startswith(b"ready")
+            async with heartbeat(redis, "moving", namespace=ns, kind="etl", interval=0.05) as hb:
+
+                async def settled() -> bool:
+                    done = await redis.hget(schema.state("stuck"), "done")
+                    return done == b"2" and await redis.pttl(schema.alive("dead")) == -2
+
+                await eventually(settled)
+                stuck_ms = int(await redis.hget(schema.state("stuck"), "progress_ms") or 0)
+                await eventually(lambda: _later(redis, stuck_ms + 300))
+                for i in range(3):  # the moving job advances on every beat
+                    hb.progress.set(i + 1)
+                    await asyncio.sleep(0.06)
+                before = await server_ms(redis)
+                census = await take_census(redis, namespace=ns)
+                after = await server_ms(redis)
+                assert await redis.hget(schema.state("stuck"), "status") == b"RUNNING"
+                assert await redis.pttl(schema.alive("stuck")) > 0
+        finally:
+            proc.kill()
+            proc.wait()
+    etl = {k.kind: k for k in census.kinds}["etl"]
+    assert etl.not_advancing_age is not None
+    assert (before - stuck_ms) / 1000 <= etl.not_advancing_age <= (after - stuck_ms) / 1000
+    exported = {
+        (s.name, tuple(s.labels.items())): s.value
+        for f in text_string_to_metric_families(render(census, None).decode())
+        for s in f.samples
+    }
+    assert exported[("jobpulse_not_advancing_age_seconds", (("kind", "etl"),))] == (
+        etl.not_advancing_age
+    )
+
+
+async def _later(redis: aioredis.Redis, at_ms: int) -> bool:
+    return await server_ms(redis) >= at_ms
+
+
+async def test_census_has_no_standstill_for_a_kind_whose_only_job_is_stale(
+    redis: aioredis.Redis, ns: str
+) -> None:
+    schema = KeySchema(ns)
+    await seed(redis, ns, ["dead"], kind="etl", ttl_ms=100, horizon_ms=60_000)
+    await eventually(lambda: _gone(redis, schema.alive("dead")))
+    census = await take_census(redis, namespace=ns)
+    assert [(k.kind, k.not_advancing_age) for k in census.kinds] == [("etl", None)]
+
+
+async def _gone(redis: aioredis.Redis, key: str) -> bool:
+    return bool(await redis.pttl(key) == -2)

@@ -53,7 +53,7 @@ async def test_every_alert_names_an_exported_metric(redis: aioredis.Redis, ns: s
     rules = yaml.safe_load((DOCS / "alerts.yml").read_text())
     alerts = {r["alert"] for g in rules["groups"] for r in g["rules"]}
     assert {"JobpulseStaleJobs", "JobpulseNoSweeper", "JobpulseBeatFailures",
-            "JobpulseLoopLag"} <= alerts  # fmt: skip
+            "JobpulseLoopLag", "JobpulseJobNotAdvancing"} <= alerts  # fmt: skip
     for query in alert_queries():
         used = set(METRIC.findall(query))
         assert used, query

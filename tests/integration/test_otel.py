@@ -69,6 +69,8 @@ async def test_instruments_report_jobs_by_kind_and_the_worker_counters(
         ages = {a["quantile"] for a, _ in got["jobpulse.job.heartbeat_age"]}
         assert ages == {"0.5", "0.9", "0.99", "1"}
         assert [a for a, _ in got["jobpulse.job.oldest_age"]] == [{"kind": "report"}]
+        standstill = got["jobpulse.job.not_advancing_age"]  # neither job ever advanced
+        assert standstill == [({"kind": "report"}, otel.census.kinds[0].not_advancing_age)]
         for name, series in got.items():  # no attribute ever holds a job id
             assert all("o1" not in map(str, a.values()) for a, _ in series), name
     finally:

@@ -17,7 +17,7 @@ import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
-from jobpulse import InvalidJobId, JobState, ProtocolError, StatusReader, heartbeat
+from jobpulse import InvalidJobId, JobState, JobStatus, ProtocolError, StatusReader, heartbeat
 from jobpulse._protocol.keys import KeySchema
 from jobpulse._provision import RedisServer
 
@@ -114,6 +114,53 @@ async def test_alive_but_not_advancing_shows_a_growing_progress_age(
 
         await eventually(older)
         assert (await reader.get("idle")).state is JobState.RUNNING
+
+
+async def test_both_readers_see_a_worker_process_alive_but_not_advancing(
+    redis: aioredis.Redis, redis_url: str, ns: str
+) -> None:
+    """A real worker process that reached its total and holds: its beats go on (heartbeat_ms
+    moves) while progress_ms stands, and the async and sync readers, from this other process,
+    both say so with the same progress_ms and a progress_age measured on the server's clock."""
+    import redis as sync_redis
+
+    from jobpulse.sync import StatusReader as SyncStatusReader
+
+    from ..cli.support import ROOT, env
+
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "tests.cli.job_proc", redis_url, ns, "held", "2", "0", "hold",
+        stdout=asyncio.subprocess.PIPE, cwd=ROOT, env=env(),
+    )  # fmt: skip
+    sync_client = sync_redis.Redis.from_url(redis_url)
+    reader = StatusReader(redis, namespace=ns, cache_ttl=0)
+    try:
+        assert proc.stdout is not None
+        assert (await asyncio.wait_for(proc.stdout.readline(), 30)).startswith(b"ready")
+        first = await eventually(lambda: _when(reader, "held", lambda s: s.done == 2))
+        assert isinstance(first, JobStatus)
+
+        async def beat_again() -> bool:
+            s = await reader.get("held")
+            return s.heartbeat_ms is not None and s.heartbeat_ms > (first.heartbeat_ms or 0)
+
+        await eventually(beat_again)
+        now = await reader.get("held")
+        then = SyncStatusReader(sync_client, namespace=ns, cache_ttl=0).get("held")
+        for st in (now, then):
+            assert st.state is JobState.RUNNING
+            assert st.progress_ms == first.progress_ms  # done has not moved since
+            assert st.progress_ms is not None
+            assert st.server_ms is not None
+            assert st.progress_age == (st.server_ms - st.progress_ms) / 1000
+        assert now.heartbeat_ms is not None
+        assert first.heartbeat_ms is not None
+        assert now.heartbeat_ms > first.heartbeat_ms  # while the beats went on
+    finally:
+        sync_client.close()
+        if proc.returncode is None:
+            proc.kill()
+        await proc.wait()
 
 
 async def _when(reader: StatusReader, job: str, pred: object) -> object:

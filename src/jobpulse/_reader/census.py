@@ -6,16 +6,28 @@ Three pipelined round trips, whatever the number of jobs:
    most ``max_kinds``); the sweepers' counters (``HGETALL ns:{#stats}``: one field per kind
    ever claimed, plus ``sweep_ms``).
 2. Per index shard: ``ZCARD`` and the stale candidates (``ZRANGE … BYSCORE -inf now``, at most
-   ``max_stale``). Per kind: ``ZCARD`` (running + stale), the oldest entry, and a random sample
-   of ``age_sample`` members (``ZRANDMEMBER``).
+   ``max_stale``). Per kind: ``ZCARD`` (running + stale), the ``age_sample + 1`` oldest entries
+   (``ZRANGE 0 age_sample WITHSCORES``), and a random sample of ``age_sample`` members
+   (``ZRANDMEMBER``).
 3. Per candidate: ``HMGET status kind`` and ``PTTL alive``; per sampled member:
-   ``HMGET status heartbeat_ms progress_ms``.
+   ``HMGET status heartbeat_ms progress_ms``; per one of the ``age_sample`` oldest members:
+   ``HMGET status progress_ms`` and ``PTTL alive``.
 
-So a census costs ``3 + 2·shards + 3·kinds + 2·candidates + sampled`` commands, at most
-``3 + 2·shards + kinds·(3 + age_sample) + 2·max_stale`` — it does not grow with the number
-of jobs. STALE is counted among the candidates (jobs past their index deadline, as the sweeper
-sees them): a dead worker's job shows up as STALE at most ``index_horizon`` after its death,
-and until a sweeper claims it. When a cap was hit, :attr:`Census.truncated` says so.
+So a census costs ``3 + 2·shards + 3·kinds + 2·candidates + sampled + 2·oldest`` commands, at
+most ``3 + 2·shards + kinds·(3 + 3·age_sample) + 2·max_stale`` — it does not grow with the
+number of jobs.
+
+"Not advancing" (:attr:`KindCensus.not_advancing_age`) is read from the oldest attempts of
+each kind, not from the random sample, because a job cannot have stood still for longer than
+it has run (``progress_ms >= started_ms``, and the per-kind index is scored by ``started_ms``):
+the longest standstill among the ``age_sample`` oldest live attempts is the kind's longest when
+the kind has no more attempts than that, or when it is at least the age of the next-oldest
+attempt (which bounds every younger one). A body that deadlocks early is among the oldest
+attempts of its kind soon after.
+
+STALE is counted among the candidates (jobs past their index deadline, as the sweeper sees
+them): a dead worker's job shows up as STALE at most ``index_horizon`` after its death, and
+until a sweeper claims it. When a cap was hit, :attr:`Census.truncated` says so.
 """
 
 from __future__ import annotations
@@ -44,6 +56,10 @@ class KindCensus:
             None when there is none.
         heartbeat_ages: seconds since the last beat, of a random sample of the kind's jobs.
         progress_ages: seconds since ``done`` last changed, of the same sample.
+        not_advancing_age: the longest time, in seconds, that ``done`` has stood still in a
+            RUNNING job of the kind whose worker is alive (beating), read from the kind's
+            ``age_sample`` oldest attempts (see the module doc for when that is the longest of
+            all); None when none of them is RUNNING and alive.
         claims: jobs of the kind claimed by sweepers so far (counted in Redis).
     """
 
@@ -53,6 +69,7 @@ class KindCensus:
     oldest_age: float | None = None
     heartbeat_ages: tuple[float, ...] = ()
     progress_ages: tuple[float, ...] = ()
+    not_advancing_age: float | None = None
     claims: int = 0
 
 
@@ -108,7 +125,8 @@ async def take_census(
         index_shards: the workers' ``index_shards``.
         max_kinds: most kinds read (the most recently active ones first; >= 1).
         max_stale: most stale candidates examined (>= 1).
-        age_sample: jobs sampled per kind for the age quantiles (>= 1).
+        age_sample: jobs sampled per kind for the age quantiles, and oldest jobs read per kind
+            for the longest standstill (>= 1).
 
     Returns:
         The :class:`Census`.
@@ -142,7 +160,7 @@ async def take_census(
         for kind in kinds:
             key = schema.kind_index(kind)
             pipe.zcard(key)
-            pipe.zrange(key, 0, 0, withscores=True)
+            pipe.zrange(key, 0, age_sample, withscores=True)
             pipe.zrandmember(key, age_sample)
         second = await pipe.execute()
     commands += len(second)
@@ -155,6 +173,13 @@ async def take_census(
     per_kind = second[2 * len(shards) :]
     sizes = {k: int(per_kind[3 * i]) for i, k in enumerate(kinds)}
     oldest = {k: per_kind[3 * i + 1] for i, k in enumerate(kinds)}
+    # the oldest attempts of each kind: where the longest standstill is (see the module doc)
+    elders = [
+        (k, job)
+        for k in kinds
+        for job in (to_text(m) or "" for m, _ in oldest[k][:age_sample])
+        if _valid(job)
+    ]
     samples = {
         k: [to_text(m) or "" for m in per_kind[3 * i + 2] or []] for i, k in enumerate(kinds)
     }
@@ -167,7 +192,11 @@ async def take_census(
         sampled = [(k, job) for k, jobs in samples.items() for job in jobs if _valid(job)]
         for _, job in sampled:
             pipe.hmget(schema.state(job), "status", "heartbeat_ms", "progress_ms")
-        third = await pipe.execute() if candidates or sampled else []
+        for _, job in elders:
+            keys = schema.job(job)
+            pipe.hmget(keys.state, "status", "progress_ms")
+            pipe.pttl(keys.alive)
+        third = await pipe.execute() if candidates or sampled or elders else []
     commands += len(third)
 
     stale: dict[str, int] = {}
@@ -177,8 +206,9 @@ async def take_census(
             stale[to_text(kind) or ""] = stale.get(to_text(kind) or "", 0) + 1
     hb_ages: dict[str, list[float]] = {}
     progress_ages: dict[str, list[float]] = {}
+    at = 2 * len(candidates) + len(sampled)
     for (kind, _), (status, hb, progress) in zip(
-        sampled, third[2 * len(candidates) :], strict=True
+        sampled, third[2 * len(candidates) : at], strict=True
     ):
         if to_text(status) != "RUNNING":
             continue
@@ -186,6 +216,13 @@ async def take_census(
             hb_ages.setdefault(kind, []).append(max(0.0, (now_ms - int(hb)) / 1000))
         if progress is not None:
             progress_ages.setdefault(kind, []).append(max(0.0, (now_ms - int(progress)) / 1000))
+    standstill: dict[str, float] = {}
+    for i, (kind, _) in enumerate(elders):
+        (status, progress), pttl = third[at + 2 * i], third[at + 2 * i + 1]
+        if to_text(status) != "RUNNING" or int(pttl) == -2 or progress is None:
+            continue  # ended, or STALE (counted as such): not "alive but not advancing"
+        age = max(0.0, (now_ms - int(progress)) / 1000)
+        standstill[kind] = max(age, standstill.get(kind, 0.0))
 
     out = []
     for kind in sorted(set(kinds) | set(stale)):
@@ -198,6 +235,7 @@ async def take_census(
                 oldest_age=max(0.0, (now_ms - float(first[0][1])) / 1000) if first else None,
                 heartbeat_ages=tuple(hb_ages.get(kind, ())),
                 progress_ages=tuple(progress_ages.get(kind, ())),
+                not_advancing_age=standstill.get(kind),
                 claims=int(stats.get(f"claims:{kind}", 0) or 0),
             )
         )

@@ -9,8 +9,11 @@ import argparse
 import asyncio
 import contextlib
 import math
+import os
+import shutil
 import signal
 import sys
+import textwrap
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import TYPE_CHECKING, Any, NoReturn
@@ -18,7 +21,7 @@ from typing import TYPE_CHECKING, Any, NoReturn
 from .. import __version__
 from .._protocol.keys import check_job_id, check_namespace
 from .common import ExitCode, connect, exit_code_for, fail, report, resolve_url
-from .render import Board, jobs_table, status_block, status_line, to_json
+from .render import Board, fit_line, jobs_table, status_block, status_line, to_json
 
 if TYPE_CHECKING:
     from .. import JobStatus, StatusReader
@@ -256,6 +259,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(args.run(args, url))
     except KeyboardInterrupt:
         return ExitCode.INTERRUPTED
+    except BrokenPipeError:
+        # Our output's reader left (``jobpulse ls | head``): redis-py wraps its own socket
+        # errors in redis.ConnectionError, so a bare BrokenPipeError is a write of ours.
+        _die_of_sigpipe()
+        return ExitCode.FAILED  # where there is no SIGPIPE: quietly, as a failed write
     except Exception as exc:
         return report(exc, url)
 
@@ -292,7 +300,7 @@ async def _watch(args: argparse.Namespace, url: str) -> int:
     # Plain lines already end with the final status; bars get a closing line, and STALE and
     # UNKNOWN an explanation.
     if not args.json and (board.live or st.state.name in ("STALE", "UNKNOWN")):
-        print(_verdict(st), flush=True)
+        print(_verdict(st, board.width), flush=True)
     if st.state is JobState.RUNNING:  # cannot happen: _follow returns settled or UNKNOWN
         return ExitCode.FAILED
     return exit_code_for(st.state.name)
@@ -343,17 +351,21 @@ async def _follow(reader: Any, board: Board, job: str, interval: float, start: f
         await asyncio.sleep(interval)
 
 
-def _verdict(st: Any) -> str:
-    """The line ``watch`` prints when it stops."""
+def _verdict(st: Any, width: int | None) -> str:
+    """What ``watch`` prints when it stops (fitted to the terminal's ``width`` under bars)."""
     name = st.state.name
     if name == "UNKNOWN":
-        return f"{st.job_id}: UNKNOWN (no such job, or it expired)"
-    if name == "STALE":
-        return (
+        text = f"{st.job_id}: UNKNOWN (no such job, or it expired)"
+    elif name == "STALE":
+        text = (
             f"{st.job_id}: STALE: no heartbeat for {st.heartbeat_age or 0:.1f}s from worker "
             f"{st.worker} (dead or cut off); 'jobpulse sweep' claims it"
         )
-    return status_line(st)
+    else:
+        return status_line(st) if width is None else fit_line(status_line(st), width)
+    if width is None:
+        return text
+    return textwrap.fill(text, width, break_long_words=False, break_on_hyphens=False)
 
 
 # -- ls -------------------------------------------------------------------------------------------
@@ -367,7 +379,8 @@ def cmd_ls(args: argparse.Namespace, url: str) -> int:
     if args.json:
         print(to_json([st.as_dict() for st in statuses]), flush=True)
     elif statuses:
-        print(jobs_table(statuses), flush=True)
+        width = shutil.get_terminal_size().columns if _isatty(sys.stdout) else None
+        print(jobs_table(statuses, width), flush=True)
     else:
         what = "stale" if args.stale else "running"
         print(f"no {what} jobs in namespace {args.namespace}", flush=True)
@@ -509,6 +522,25 @@ def cmd_serve(args: argparse.Namespace, url: str) -> int:
 
 
 # -- helpers --------------------------------------------------------------------------------------
+
+
+def _isatty(stream: Any) -> bool:
+    try:
+        return bool(stream.isatty())
+    except (AttributeError, ValueError):
+        return False
+
+
+def _die_of_sigpipe() -> None:
+    """End as ``cat`` and ``ls`` do when their reader leaves: by SIGPIPE, silently (exit 141 in
+    a shell). Python ignores SIGPIPE and would instead report the error, and print another one
+    when it flushes stdout at exit: stdout is pointed at /dev/null first."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+    if hasattr(signal, "SIGPIPE"):
+        signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGPIPE)
 
 
 def _index_shards_option(parser: argparse.ArgumentParser) -> None:

@@ -70,6 +70,25 @@ def fmt_rate(rate: float | None) -> str:
     return "-" if rate is None else f"{rate:.1f}/s"
 
 
+def live_rate(st: JobStatus) -> str:
+    """The rate while the job is RUNNING (``""`` otherwise: a STALE or ended job has no rate)."""
+    return fmt_rate(st.rate) if st.state.name == "RUNNING" else ""
+
+
+def live_eta(st: JobStatus) -> str:
+    """The ETA while the job is RUNNING (``""`` otherwise: nothing is left to estimate, or the
+    worker that estimated it stopped beating)."""
+    return fmt_seconds(st.eta) if st.state.name == "RUNNING" else ""
+
+
+def live_still(st: JobStatus) -> str:
+    """How long ``done`` has stood still while the job is RUNNING (``""`` otherwise): a worker
+    that beats but does not advance shows a growing value ("alive but not advancing")."""
+    if st.state.name != "RUNNING" or st.progress_age is None:
+        return ""
+    return fmt_seconds(st.progress_age)
+
+
 def fmt_beat(st: JobStatus) -> str:
     """Seconds since the last heartbeat (``ended`` once the job is terminal: no more beats)."""
     if st.state.is_terminal:
@@ -96,28 +115,40 @@ def status_line(st: JobStatus) -> str:
     parts += [
         f"stage={st.stage or '-'}",
         f"{fmt_count(st)} ({fmt_percent(st)})",
-        f"rate {fmt_rate(st.rate)}",
-        f"eta {fmt_seconds(st.eta)}",
+        f"rate {live_rate(st) or '-'}",
+        f"eta {live_eta(st) or '-'}",
         f"rss {fmt_bytes(st.rss_bytes)}",
         f"cpu {fmt_seconds(st.cpu_seconds)}",
         f"beat {fmt_beat(st)}",
     ]
+    if live_still(st):
+        parts.insert(5, f"still {live_still(st)}")
     if st.error:
         parts.append(f"error: {st.error}")
     return "  ".join(parts)
+
+
+def fit_line(line: str, width: int) -> str:
+    """A :func:`status_line` in ``width`` cells: its trailing parts dropped until it fits (the
+    id, state and progress come first); a lone part is cut with ``…``."""
+    parts = line.split("  ")
+    while len(parts) > 1 and len("  ".join(parts)) > width:
+        parts.pop()
+    out = "  ".join(parts)
+    return out if len(out) <= width else out[: max(width - 1, 0)] + "…"
 
 
 _BLOCK_ROWS: tuple[tuple[str, Any], ...] = (
     ("state", lambda st: st.state.name),
     ("stage", lambda st: st.stage or "-"),
     ("progress", lambda st: f"{fmt_count(st)} ({fmt_percent(st)})"),
-    ("rate", lambda st: fmt_rate(st.rate)),
-    ("eta", lambda st: fmt_seconds(st.eta)),
+    ("rate", lambda st: live_rate(st) or "-"),
+    ("eta", lambda st: live_eta(st) or "-"),
     ("rss", lambda st: fmt_bytes(st.rss_bytes)),
     ("cpu", lambda st: fmt_seconds(st.cpu_seconds)),
     ("loop lag", lambda st: "-" if st.loop_lag is None else f"{st.loop_lag * 1000:.1f} ms"),
     ("heartbeat", fmt_beat),
-    ("progress age", lambda st: f"{fmt_seconds(st.progress_age)} ago"),
+    ("progress age", lambda st: f"{fmt_seconds(st.progress_age)} ago (done last changed)"),
     ("worker", lambda st: st.worker or "-"),
     ("attempt", lambda st: "-" if st.attempt is None else f"{st.attempt} (fence {st.fence})"),
     ("error", lambda st: st.error or "-"),
@@ -141,22 +172,49 @@ _TABLE_COLUMNS: tuple[tuple[str, Any], ...] = (
     ("STATE", lambda st: st.state.name),
     ("STAGE", lambda st: st.stage or "-"),
     ("PROGRESS", lambda st: f"{fmt_count(st)} {fmt_percent(st)}"),
-    ("RATE", lambda st: fmt_rate(st.rate)),
-    ("ETA", lambda st: fmt_seconds(st.eta)),
+    ("RATE", lambda st: live_rate(st) or "-"),
+    ("ETA", lambda st: live_eta(st) or "-"),
+    ("STILL", lambda st: live_still(st) or "-"),
+    ("BEAT", fmt_beat),
     ("RSS", lambda st: fmt_bytes(st.rss_bytes)),
     ("CPU", lambda st: fmt_seconds(st.cpu_seconds)),
-    ("BEAT", fmt_beat),
     ("WORKER", lambda st: st.worker or "-"),
 )
+_TABLE_OPTIONAL = ("PROGRESS", "STILL", "ETA", "BEAT", "STAGE", "RATE", "WORKER", "RSS", "CPU")
+"""The ``ls`` columns beside JOB and STATE, most useful first (dropped from the end)."""
 
 
-def jobs_table(statuses: Iterable[JobStatus]) -> str:
-    """The ``ls`` command's table, as aligned plain text (pipes and terminals alike)."""
-    rows = [[name for name, _ in _TABLE_COLUMNS]]
-    rows += [[str(get(st)) for _, get in _TABLE_COLUMNS] for st in statuses]
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+def jobs_table(statuses: Iterable[JobStatus], width: int | None = None) -> str:
+    """The ``ls`` command's table, as aligned plain text.
+
+    Args:
+        statuses: the rows.
+        width: the terminal's width: columns that do not fit are left out, least useful
+            first (see :func:`~jobpulse.cli.layout.fit`); None (a pipe) keeps them all.
+    """
+    from .layout import fit, fit_id
+
+    names = [name for name, _ in _TABLE_COLUMNS]
+    rows = [dict(zip(names, names, strict=True))]
+    rows += [{name: str(get(st)) for name, get in _TABLE_COLUMNS} for st in statuses]
+    cells = {name: max(len(row[name]) for row in rows) for name in names}
+    shown: tuple[str, ...] = tuple(names)
+    if width is not None:
+        # two spaces between columns: fit() counts one, so each cell is given one more
+        layout = fit(
+            width + 1,
+            {name: w + 1 for name, w in cells.items()},
+            order=names,
+            required=("STATE",),
+            optional=_TABLE_OPTIONAL,
+        )
+        shown = layout.columns
+        cells = {name: layout.widths[name] - 1 for name in shown}
     return "\n".join(
-        "  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip()
+        "  ".join(
+            (fit_id(row[name], cells[name]) if name == "JOB" else row[name]).ljust(cells[name])
+            for name in shown
+        ).rstrip()
         for row in rows
     )
 
@@ -173,7 +231,9 @@ class Board:
     """The live view of one or more jobs, used by ``watch`` and ``demo``.
 
     On a terminal with ``rich`` installed it draws one progress bar per job (percent, count,
-    rate, ETA, stage, RSS, CPU, heartbeat age, state), red once a job is STALE. Otherwise it
+    rate, ETA, stage, RSS, CPU, how long progress stood still, heartbeat age, state), red once a
+    job is STALE, one line per job whatever the terminal's width (columns that do not fit are
+    left out). Otherwise it
     prints :func:`status_line` when a job's state, stage or count changes (at most every
     ``plain_every`` seconds per job), or one JSON object per change with ``json=True``.
 
@@ -208,6 +268,11 @@ class Board:
     def live(self) -> bool:
         """True when bars are drawn (rich on a terminal)."""
         return self._progress is not None
+
+    @property
+    def width(self) -> int | None:
+        """The terminal's width while bars are drawn (None for plain lines and JSON)."""
+        return None if self._progress is None else int(self._progress.console.width)
 
     def __enter__(self) -> Board:
         if self._progress is not None:

@@ -109,6 +109,11 @@ class OtelMetrics:
             "jobpulse.job.oldest_age", [self._oldest], unit="s",
             description="Seconds since the oldest running or stale attempt started.",
         )  # fmt: skip
+        m.create_observable_gauge(
+            "jobpulse.job.not_advancing_age", [self._standstill], unit="s",
+            description="Longest time done has stood still in a running job whose worker "
+            "beats (alive but not advancing), read from the kind's oldest attempts.",
+        )  # fmt: skip
         m.create_observable_counter(
             "jobpulse.sweeper.claims", [self._claims], unit="1", description="Jobs claimed."
         )
@@ -151,6 +156,11 @@ class OtelMetrics:
         for entry in self.census.kinds if self.census else ():
             if entry.oldest_age is not None:
                 yield Observation(entry.oldest_age, {"kind": entry.kind})
+
+    def _standstill(self, options: CallbackOptions) -> Iterable[Observation]:
+        for entry in self.census.kinds if self.census else ():
+            if entry.not_advancing_age is not None:
+                yield Observation(entry.not_advancing_age, {"kind": entry.kind})
 
     def _claims(self, options: CallbackOptions) -> Iterable[Observation]:
         for entry in self.census.kinds if self.census else ():

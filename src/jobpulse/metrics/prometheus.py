@@ -33,7 +33,8 @@ CONTENT_TYPE = CONTENT_TYPE_LATEST
 
 
 def census_metrics(census: Census) -> Iterator[Metric]:
-    """The metric families of ``census``: jobs by state and kind, ages, claims, sweeper."""
+    """The metric families of ``census``: jobs by state and kind, ages, the longest standstill,
+    claims, sweeper."""
     jobs = GaugeMetricFamily(
         "jobpulse_jobs", "Running and stale jobs by kind.", labels=["state", "kind"]
     )
@@ -52,6 +53,12 @@ def census_metrics(census: Census) -> Iterator[Metric]:
         "Seconds since the oldest running or stale attempt of the kind started.",
         labels=["kind"],
     )
+    standstill = GaugeMetricFamily(
+        "jobpulse_not_advancing_age_seconds",
+        "Longest time done has stood still in a running job of the kind whose worker beats "
+        "(alive but not advancing), read from the kind's oldest attempts.",
+        labels=["kind"],
+    )
     claims = CounterMetricFamily(
         "jobpulse_sweeper_claims", "Stale jobs claimed by sweepers, by kind.", labels=["kind"]
     )
@@ -64,8 +71,10 @@ def census_metrics(census: Census) -> Iterator[Metric]:
             progress.add_metric([entry.kind, q], value)
         if entry.oldest_age is not None:
             oldest.add_metric([entry.kind], entry.oldest_age)
+        if entry.not_advancing_age is not None:
+            standstill.add_metric([entry.kind], entry.not_advancing_age)
         claims.add_metric([entry.kind], entry.claims)
-    yield from (jobs, heartbeat, progress, oldest, claims)
+    yield from (jobs, heartbeat, progress, oldest, standstill, claims)
     if census.sweep_age is not None:
         yield GaugeMetricFamily(
             "jobpulse_sweeper_last_sweep_age_seconds",
@@ -179,7 +188,8 @@ async def scrape(
         worker: also export this process's worker counters.
         max_kinds: most kinds read.
         max_stale: most stale candidates examined.
-        age_sample: jobs sampled per kind for the age quantiles.
+        age_sample: jobs sampled per kind for the age quantiles (and oldest jobs read per kind
+            for the longest standstill).
 
     Returns:
         The Prometheus text format (``CONTENT_TYPE``).

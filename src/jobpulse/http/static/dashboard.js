@@ -92,7 +92,7 @@
     label.className = "label";
     bar.append(fill, label);
     cell("progress").appendChild(bar);
-    for (const name of ["stage", "rate num", "eta num", "memory num", "heartbeat num"]) cell(name);
+    for (const name of ["stage", "rate num", "eta num", "memory num", "heartbeat num", "still num"]) cell(name);
     tbody.appendChild(tr);
     job.tr = tr;
     return tr;
@@ -172,8 +172,14 @@
   function renderAge(job) {
     if (!job.tr) return;
     const td = job.tr.querySelector(".heartbeat");
+    const elapsed = (at) => (performance.now() - at) / 1000;
+    // "Alive but not advancing": how long done has stood still, while RUNNING only (a STALE
+    // job's worker is gone; an ended job has nothing left to advance).
+    const still = job.tr.querySelector(".still");
+    if (job.stillBase === null || job.status.state !== "RUNNING") still.textContent = "–";
+    else still.textContent = fmtDuration(job.stillBase + elapsed(job.stillAt));
     if (job.ageBase === null || TERMINAL.has(job.status.state)) { td.textContent = "–"; return; }
-    td.textContent = fmtDuration(job.ageBase + (performance.now() - job.ageAt) / 1000) + " ago";
+    td.textContent = fmtDuration(job.ageBase + elapsed(job.ageAt)) + " ago";
   }
 
   function summary() {
@@ -205,6 +211,10 @@
       job.ageBase = s.heartbeat_age;
       job.ageAt = performance.now();
     }
+    if (s.progress_age !== null && s.progress_age !== undefined) {
+      job.stillBase = s.progress_age;
+      job.stillAt = performance.now();
+    }
     render(job);
   }
 
@@ -213,6 +223,11 @@
     if (kind === "snapshot") { applyStatus(job, ev); return; }
     const s = job.status;
     if (!ev.synthetic && ev.seq !== null && s.seq !== null && s.seq !== undefined && ev.fence === s.fence && ev.seq < s.seq) return;
+    const moved = ev.done !== null && ev.done !== undefined && ev.done !== s.done;
+    if (moved && !ev.synthetic && ev.ts) { // done moved at the event's time
+      job.stillBase = Math.max(0, Date.now() / 1000 - ev.ts);
+      job.stillAt = performance.now();
+    }
     for (const key of ["stage", "done", "total", "seq", "fence"]) if (ev[key] !== null && ev[key] !== undefined) s[key] = ev[key];
     if (ev.status) s.state = ev.status;
     if (ev.synthetic && ev.ts) s.server_ms = Math.max(s.server_ms || 0, Math.round(ev.ts * 1000)); // the verdict's time
@@ -333,7 +348,7 @@
   }
 
   function newJob(id) {
-    const job = { id, status: null, ageBase: null, ageAt: 0, transport: "list", following: false, es: null, etag: null };
+    const job = { id, status: null, ageBase: null, ageAt: 0, stillBase: null, stillAt: 0, transport: "list", following: false, es: null, etag: null };
     jobs.set(id, job);
     return job;
   }
