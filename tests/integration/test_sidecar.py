@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import multiprocessing
 import os
 import pickle
 import signal
@@ -288,3 +289,85 @@ def test_a_tls_client_keeps_its_tls_settings_and_never_shows_its_password() -> N
     assert isinstance(rebuilt, aioredis.Redis)
     conn = rebuilt.connection_pool.connection_class
     assert conn is redis.asyncio.connection.SSLConnection
+
+
+# -- in one process: the asyncio face ---------------------------------------------------------
+
+
+async def test_asyncio_face_records_stage_checkpoint_progress_and_ends_completed(
+    redis: aioredis.Redis, ns: str
+) -> None:
+    async with jobpulse.heartbeat(
+        redis, "a-1", namespace=ns, interval=0.05, ttl=1.0, total=3, sidecar=True
+    ) as hb:
+        assert isinstance(hb, jobpulse.AsyncSidecarHeartbeat)
+        assert jobpulse.current() is hb
+        assert hb.attempt == 1
+        assert hb.resume_from is None
+        hb.set_stage("crunch")
+        hb.progress.advance(3)
+        await hb.checkpoint(step=3)
+    status = await jobpulse.StatusReader(redis, namespace=ns, cache_ttl=0).get("a-1")
+    assert status.state is JobState.COMPLETED
+    assert (status.stage, status.done, status.fence) == ("crunch", 3, hb.fence)
+    events = await redis.xrange(KeySchema(ns).events("a-1"))
+    assert [b'{"step":3}' in dict(e[1]).get(b"details", b"") for e in events].count(True) == 1
+
+
+async def test_asyncio_face_a_cancel_request_cancels_the_body_and_ends_cancelled(
+    redis: aioredis.Redis, ns: str
+) -> None:
+    """The helper's heartbeat sees the request; the owner's body task is cancelled (as with
+    in-loop beats) and the block raises JobCancelled; the job ends CANCELLED."""
+    with pytest.raises(jobpulse.JobCancelled):
+        async with jobpulse.heartbeat(
+            redis, "a-2", namespace=ns, interval=0.05, ttl=1.0, sidecar=True
+        ):
+            await jobpulse.request_cancel(redis, "a-2", namespace=ns)
+            await asyncio.sleep(30)  # cancelled long before
+    status = await jobpulse.StatusReader(redis, namespace=ns, cache_ttl=0).get("a-2")
+    assert status.state is JobState.CANCELLED
+
+
+async def test_asyncio_face_a_failing_body_ends_failed_with_its_type_and_message(
+    redis: aioredis.Redis, ns: str
+) -> None:
+    with pytest.raises(KeyError):
+        async with jobpulse.heartbeat(
+            redis, "a-3", namespace=ns, interval=0.05, ttl=1.0, sidecar=True
+        ):
+            raise KeyError("gone")
+    status = await jobpulse.StatusReader(redis, namespace=ns, cache_ttl=0).get("a-3")
+    assert status.state is JobState.FAILED
+    assert status.error == "KeyError: 'gone'"
+
+
+def _forked_job(url: str, ns: str, parent_helper: int) -> None:
+    """In a child forked while the parent's sidecar job runs: a job of its own, on a helper of
+    its own (never the parent's: the fork dropped the parent's pipe)."""
+    client = redis.Redis.from_url(url)
+    with jobpulse.sync.heartbeat(client, "child", namespace=ns, interval=0.05, ttl=1.0) as hb:
+        assert hb.helper_pid not in (None, parent_helper)  # type: ignore[union-attr]
+        hb.progress.advance()
+    os._exit(0 if client.hget(KeySchema(ns).state("child"), "status") == b"COMPLETED" else 3)
+
+
+def test_a_child_forked_mid_job_gets_a_helper_of_its_own_and_the_parents_job_goes_on(
+    redis_url: str, ns: str
+) -> None:
+    client = redis.Redis.from_url(redis_url)
+    try:
+        with jobpulse.sync.heartbeat(client, "parent", namespace=ns, interval=0.05, ttl=1.0) as hb:
+            helper = hb.helper_pid  # type: ignore[union-attr]
+            assert helper is not None
+            child = multiprocessing.get_context("fork").Process(
+                target=_forked_job, args=(redis_url, ns, helper)
+            )
+            child.start()
+            child.join(30)
+            assert child.exitcode == 0
+            assert hb.helper_pid == helper  # type: ignore[union-attr]
+            assert hb.checkpoint(after="fork")
+        assert client.hget(KeySchema(ns).state("parent"), "status") == b"COMPLETED"
+    finally:
+        client.close()

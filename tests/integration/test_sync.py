@@ -3,6 +3,7 @@ as the asyncio shell, one beat thread per client, and the sync reader."""
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import signal
 import threading
@@ -22,7 +23,7 @@ from jobpulse._protocol.keys import KeySchema
 from jobpulse.sync import StatusReader, heartbeat
 
 from ..support import spawn_ready, stop
-from . import work
+from . import sidecar_clients, work
 
 
 @pytest.fixture
@@ -283,7 +284,13 @@ def test_sync_shell_and_reader_on_a_cluster(redis_cluster: Any, ns: str) -> None
         assert jobpulse.sync.request_cancel(client, "clustered", namespace=ns) is False
         with (
             pytest.raises(JobCancelled),
-            heartbeat(client, "c2", namespace=ns, interval=0.05) as c2,
+            heartbeat(  # beaten by the sidecar: its Cluster client comes from a factory
+                client,
+                "c2",
+                namespace=ns,
+                interval=0.05,
+                client_factory=functools.partial(sidecar_clients.cluster, redis_cluster.url),
+            ) as c2,
         ):
             assert jobpulse.sync.request_cancel(client, "c2", namespace=ns) is True
             while not c2.cancelled:
