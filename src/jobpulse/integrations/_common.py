@@ -533,12 +533,44 @@ def pulse_sync(
 
     With ``options.sidecar`` the job's beats go out from the sidecar helper process, and so
     does the claim's refresh when ``claim`` is given (else ``refresh`` runs here, in a thread).
+    Until the heartbeat is entered (the helper started, the lease acquired, the helper's
+    refresh begun) ``refresh`` runs here: the claim is never left without a refresh between
+    the queue's hand-over and the helper's first one.
     """
     job_id = job_id_for(queue_job_id)
     client = options.redis if options.redis is not None else redis
     keeper = claim if options.sidecar else None
+    entering: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
     if keeper is not None:
+        if refresh is not None:
+            entering = keep_claim_sync(refresh, options.interval, job_id=job_id)
         refresh = None  # the helper refreshes the claim
+    with entering:
+        hb = _enter_sync(options, client, job_id, task_name, keeper)
+
+    def holds() -> bool:  # the lease is neither lost nor past its deadline
+        return hb.lease_held
+
+    try:
+        if refresh is None and watch is None:
+            yield hb
+        else:
+            with keep_claim_sync(
+                refresh, options.interval, job_id=job_id, holds=holds, watch=watch
+            ):
+                yield hb
+    except BaseException as exc:
+        hb.__exit__(type(exc), exc, exc.__traceback__)
+        raise
+    else:
+        hb.__exit__(None, None, None)
+
+
+def _enter_sync(
+    options: PulseOptions, client: Any, job_id: str, task_name: str, keeper: HelperClaim | None
+) -> SyncHeartbeat | SidecarHeartbeat:
+    """Enter the job's heartbeat for :func:`pulse_sync`: a ``JobBusy`` of a holder that is not
+    (or no longer) alive is waited out, up to the claim's TTL."""
     deadline = time.monotonic() + options.claim_ttl
     first: HolderView | None = None
     reader: SyncStatusReader | None = None
@@ -565,24 +597,7 @@ def pulse_sync(
                 raise
             time.sleep(retry_after(options.interval))
             continue
-        break
-
-    def holds() -> bool:  # the lease is neither lost nor past its deadline
-        return hb.lease_held
-
-    try:
-        if refresh is None and watch is None:
-            yield hb
-        else:
-            with keep_claim_sync(
-                refresh, options.interval, job_id=job_id, holds=holds, watch=watch
-            ):
-                yield hb
-    except BaseException as exc:
-        hb.__exit__(type(exc), exc, exc.__traceback__)
-        raise
-    else:
-        hb.__exit__(None, None, None)
+        return hb
 
 
 def leave_recorded(stack: contextlib.ExitStack, exc: BaseException | None, job_id: str) -> None:
