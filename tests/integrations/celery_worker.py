@@ -1,6 +1,7 @@
 """A Celery worker process for the tests: ``python -m tests.integrations.celery_worker URL
 NAMESPACE MODE [POOL [CONCURRENCY [BROKER [NAME]]]]`` where MODE is ``jobpulse`` (instrumented,
-interval 0.25 s, ttl 1 s), ``threadbeats`` (the same with ``sidecar=False``) or ``plain``, POOL
+interval 0.25 s, ttl 1 s), ``threadbeats`` (the same with ``sidecar=False``), ``slowhelper`` (the
+same as ``jobpulse`` with a helper process that takes 3 s to start) or ``plain``, POOL
 ``threads`` (the default) or ``prefork``, CONCURRENCY the pool's size (4 threads by default, so a
 restored copy of a running task starts beside it; one prefork child), BROKER the broker URL when it
 is not URL (a ``sentinel://`` URL of the master ``jobpulse``; results stay on URL) and NAME the
@@ -166,7 +167,19 @@ def _delivered(task_id: str = "", **_: Any) -> None:
     client.incr(f"{NAMESPACE}:deliveries:{task_id}")
 
 
-if MODE in ("jobpulse", "threadbeats"):
+if MODE == "slowhelper":
+    # the sidecar's helper process takes 3 s to start, as it can on a loaded machine
+    from jobpulse._worker.sidecar import channel as _channel
+
+    _start = _channel.Channel.__init__
+
+    def _slow_start(self: Any) -> None:
+        time.sleep(3)
+        _start(self)
+
+    _channel.Channel.__init__ = _slow_start  # type: ignore[method-assign]
+
+if MODE in ("jobpulse", "threadbeats", "slowhelper"):
     jobpulse_redis = client if BROKER != URL else None  # jobpulse needs redis= beside Sentinel
     instrument(
         app,
@@ -174,7 +187,7 @@ if MODE in ("jobpulse", "threadbeats"):
         ttl=1.0,
         namespace=NAMESPACE,
         redis=jobpulse_redis,
-        sidecar=MODE == "jobpulse",
+        sidecar=MODE != "threadbeats",
     )
 
 if __name__ == "__main__":

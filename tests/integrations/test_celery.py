@@ -147,6 +147,22 @@ async def test_a_countdown_past_visibility_timeout_runs_once(
     assert await _runs(redis, ns, f"{ns}-1") == 1
 
 
+async def test_a_countdown_past_visibility_timeout_runs_once_while_the_helper_starts_slowly(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery
+) -> None:
+    # The held-deliveries thread stops re-scoring a delivery once its task is active, which
+    # leaves it ttl + interval (1.25 s) before it is restorable; the task's heartbeat then
+    # enters, starting the sidecar's helper (3 s here). A first merge of the sidecar left the
+    # delivery without a re-score until the helper's first one: kombu restored it and it was
+    # delivered twice (the countdown test failed so on a loaded machine).
+    spawn(WORKER, redis_url, ns, "slowhelper")
+    res = app.send_task("probe", task_id=f"{ns}-1", countdown=6)
+    assert await _result(res, 20) == "heartbeat"
+    await asyncio.sleep(2)  # a restored copy would be delivered and started by now
+    assert int(await redis.get(f"{ns}:deliveries:{ns}-1") or 0) == 1
+    assert await _runs(redis, ns, f"{ns}-1") == 1
+
+
 async def test_a_killed_workers_prefetched_task_is_restored_once(
     spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery, reader: StatusReader
 ) -> None:
