@@ -40,7 +40,10 @@ async def run_async(url: str, ns: str, job_id: str, ttl: float, go: threading.Ev
 
 def run_thread(url: str, ns: str, job_id: str, ttl: float, go: threading.Event) -> None:
     client = redis.Redis.from_url(url, socket_timeout=ttl / 2)
-    with jobpulse.sync.heartbeat(client, job_id, namespace=ns, ttl=ttl, interval=ttl / 6) as hb:
+    # The thread shell itself (sidecar=False): its beats stop with the process it is frozen in.
+    with jobpulse.sync.heartbeat(
+        client, job_id, namespace=ns, ttl=ttl, interval=ttl / 6, sidecar=False
+    ) as hb:
         print(f"ready {os.getpid()}", flush=True)
         while not go.is_set() and not hb.cancelled:
             hb.progress.advance()
