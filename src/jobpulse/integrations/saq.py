@@ -12,6 +12,10 @@ time is refreshed every ``interval`` seconds: SAQ's sweep treats an ACTIVE job u
 ``heartbeat`` seconds as stuck (aborts and retries it), so a live job is never swept, and a job
 can be enqueued with a short ``heartbeat`` so a dead worker's job is swept soon.
 
+A plain ``def`` function (SAQ runs it in a thread) beats from jobpulse's sidecar helper process
+(``sidecar=True``, the default), which also refreshes the job's ``touched`` time: a body holding
+the GIL stops this worker's event loop, but not the helper.
+
 Cancel: SAQ's own ``job.abort()`` cancels the task, which ends the jobpulse job CANCELLED, and
 SAQ records ABORTED. ``jobpulse.request_cancel()`` cancels the body; the job is then aborted
 through SAQ's own abort, so SAQ records ABORTED too.

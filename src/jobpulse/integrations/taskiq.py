@@ -16,6 +16,10 @@ ahead that wait for a slot (``xread_count``, 100 by default). The broker's ``XAU
 only entries idle for ``idle_timeout``, so a live worker's deliveries are never delivered twice
 and ``idle_timeout`` can be short; a dead worker's are handed on ``idle_timeout`` after it died.
 
+A plain ``def`` task (taskiq runs it in a thread) beats from jobpulse's sidecar helper process
+(``sidecar=True``, the default), which also re-claims that task's stream entry: a body holding
+the GIL stops this worker's event loop, and with it the keeper, but not the helper.
+
 Cancel: taskiq has no cancelled state. ``jobpulse.request_cancel()`` cancels the body, jobpulse
 records CANCELLED, and taskiq records an error result whose error is ``JobCancelled`` (the
 message is acknowledged as for any finished task, so it is not delivered again).
