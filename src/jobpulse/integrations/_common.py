@@ -60,13 +60,14 @@ from .._worker.config import MAX_KIND_CHARS, HeartbeatConfig
 from .._worker.current import current
 from .._worker.heartbeat import JobHeartbeat, heartbeat
 from .._worker.retry import retry_after
-from .._worker.sidecar.job import SidecarHeartbeat
+from .._worker.sidecar.job import AsyncSidecarHeartbeat, SidecarHeartbeat
 from .._worker.sync_heartbeat import SyncHeartbeat
 from .._worker.sync_heartbeat import heartbeat as sync_heartbeat
 from ..errors import JobBusy, JobCancelled
 
 __all__ = [
     "WRAPPED",
+    "AsyncPulse",
     "ClaimHold",
     "HelperClaim",
     "HolderView",
@@ -90,6 +91,10 @@ _ID_OK = re.compile(r"[A-Za-z0-9._\-:/]{1,200}")
 _BAD_CHAR = re.compile(r"[^A-Za-z0-9._\-:/]")
 _READABLE = 100  # characters of the original id kept in a mapped id
 _DIGEST = 16  # hex characters of sha256 in a mapped id (64 bits)
+
+#: What an asyncio integration's task body is given: the in-loop heartbeat, or (a task run in
+#: a thread, with ``sidecar``) the helper-beaten one; both have a heartbeat's public members.
+AsyncPulse = JobHeartbeat | AsyncSidecarHeartbeat
 
 #: The attribute that marks a task function an integration has wrapped (wrapping is idempotent).
 WRAPPED = "__jobpulse_wrapped__"
@@ -140,10 +145,12 @@ class PulseOptions:
         namespace: jobpulse's key prefix.
         redis: the ``redis.asyncio`` client jobpulse writes to; None (the default) uses the
             queue's own connection.
-        sidecar: (sync integrations: Celery, RQ, Dramatiq; their default is True) send each
-            task's beats, and refresh the queue's claim, from jobpulse's helper process
-            (``jobpulse.sync.heartbeat(..., sidecar=True)``), so a body that holds the GIL
-            delays neither. The asyncio integrations do not use it (False).
+        sidecar: send each task's beats, and refresh the queue's claim, from jobpulse's
+            helper process (``heartbeat(..., sidecar=True)``), so a body that holds the GIL
+            delays neither: every task of the sync integrations (Celery, RQ, Dramatiq), and
+            the tasks the asyncio integrations run in threads (taskiq's and SAQ's plain
+            ``def`` tasks; coroutines keep in-loop beats). Their ``instrument()`` defaults to
+            True.
     """
 
     interval: float = 1.0
@@ -296,7 +303,10 @@ async def pulse(
     queue_job_id: str | bytes,
     task_name: str,
     refresh: Callable[[], Awaitable[object]] | None,
-) -> AsyncIterator[JobHeartbeat]:
+    *,
+    sidecar: bool = False,
+    claim: HelperClaim | None = None,
+) -> AsyncIterator[AsyncPulse]:
     """Run the block under ``heartbeat()`` for a queue's job, keeping the queue's claim fresh.
 
     Args:
@@ -307,6 +317,10 @@ async def pulse(
         refresh: the queue's claim refresh, called every ``options.interval`` seconds while the
             heartbeat holds its lease; None: the integration keeps the claim itself (taskiq's
             worker-wide keeper).
+        sidecar: beat from jobpulse's helper process (``heartbeat(..., sidecar=True)``): for a
+            task the queue runs in a thread, whose GIL hold would starve this loop's beats.
+        claim: with ``sidecar``, the queue's claim refresh for the helper to run beside the
+            beats (then ``refresh`` is not run here); None: ``refresh`` runs in this loop.
 
     A lease held by another attempt (JobBusy) is waited for, up to ``claim_ttl``, only while
     that holder is not alive (:func:`holder_alive`): a queue may hand a dead worker's job on a
@@ -315,6 +329,8 @@ async def pulse(
     """
     job_id = job_id_for(queue_job_id)
     client = options.redis if options.redis is not None else redis
+    if sidecar and claim is not None:
+        refresh = None  # the helper refreshes the claim
     deadline = time.monotonic() + options.claim_ttl
     first: HolderView | None = None
     reader: StatusReader | None = None
@@ -326,9 +342,10 @@ async def pulse(
             ttl=options.ttl,
             namespace=options.namespace,
             kind=kind_for(task_name),
-            sidecar=False,  # the asyncio integrations beat from the loop (docs/integrations)
+            sidecar=sidecar,
         )
-        assert isinstance(hb, JobHeartbeat)
+        if claim is not None and isinstance(hb, AsyncSidecarHeartbeat):
+            hb.keep(claim)
         try:
             await hb.__aenter__()
         except JobBusy:

@@ -283,6 +283,14 @@ class SidecarJob:
         self.progress._cancel()
 
 
+async def _hold_back(waited: asyncio.Future[Any]) -> None:
+    """Wait for ``waited`` to end, holding back every cancel meanwhile (an anyio scope cancels
+    again at every ``await``); the caller re-raises."""
+    while not waited.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({waited})
+
+
 def body_outcome(exc: BaseException | None, *, external_cancel: bool) -> tuple[Any, ...]:
     """How the owner's body ended, as the helper replays it (pure)."""
     if exc is None:
@@ -366,12 +374,36 @@ class AsyncSidecarHeartbeat(SidecarJob):
         self._host = asyncio.current_task()
         self._loop = asyncio.get_running_loop()
         future = self._begin()
+        waiting = asyncio.ensure_future(
+            asyncio.wait_for(asyncio.wrap_future(future), self._start_limit())
+        )
         try:
-            reply = await asyncio.wait_for(asyncio.wrap_future(future), self._start_limit())
+            reply = await asyncio.shield(waiting)
+        except asyncio.CancelledError:
+            await self._abandon(waiting)
+            raise
         except BaseException as exc:
             raise self._start_failed(exc) from None
         self._started(reply)
         return self
+
+    async def _abandon(self, waiting: asyncio.Future[Any]) -> None:
+        """The enter was cancelled while the helper takes the lease (a queue's timeout): the
+        helper starts the job all the same, so wait for its answer and end the job CANCELLED
+        (every further cancel held back meanwhile), never leaving it beaten RUNNING, its lease
+        held, for as long as this process lives. The caller re-raises the cancellation."""
+        await _hold_back(waiting)
+        if waiting.cancelled() or waiting.exception() is not None:
+            self._forget()  # not started (or the helper is gone): nothing to end
+            return
+        self._started(waiting.result())
+        ending = asyncio.ensure_future(
+            asyncio.wait_for(asyncio.wrap_future(self._end(("cancel",))), self._exit_limit())
+        )
+        await _hold_back(ending)
+        if not ending.cancelled():
+            ending.exception()  # retrieved: the cancellation is what the caller raises
+        self._forget()
 
     async def __aexit__(
         self,
