@@ -29,6 +29,8 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
     "beat": ("benchmarks.bench_beat", "own"),
     "throughput": ("benchmarks.bench_throughput", "own"),
     "read": ("benchmarks.bench_read", "own"),
+    "wire": ("benchmarks.bench_wire", "own"),
+    "wake": ("benchmarks.bench_wake", "own"),
     # HOOK: scripts written by other helpers (run(redis_url) -> dict); run when present,
     # reported as "not in the tree yet" otherwise.
     "sweep": ("benchmarks.bench_sweep", "external"),

@@ -12,6 +12,7 @@ fault that jobpulse cannot absorb surfaces as redis-py's own exception (``RedisE
 from __future__ import annotations
 
 import enum
+from typing import Any
 
 __all__ = [
     "InvalidJobId",
@@ -26,7 +27,12 @@ __all__ = [
 
 
 class JobpulseError(Exception):
-    """Root of every exception raised by jobpulse."""
+    """Root of every exception raised by jobpulse.
+
+    Every one pickles to an equal exception (same type, message and attributes): the sidecar
+    helper sends them between processes, as a process pool would. A subclass whose ``__init__``
+    takes other arguments than its message defines ``__reduce__``.
+    """
 
 
 class InvalidJobId(JobpulseError, ValueError):
@@ -42,6 +48,12 @@ class JobBusy(JobpulseError):
     def __init__(self, job_id: str) -> None:
         super().__init__(f"job {job_id!r} is held by another live worker")
         self.job_id = job_id
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        # Exception pickles as ``cls(*self.args)``, and args holds the message, not the job id:
+        # the message doubled when the sidecar helper sent the error back. Every subclass with
+        # its own __init__ says how it is rebuilt (its attributes and notes go along).
+        return (type(self), (self.job_id,), self.__dict__)
 
 
 class LeaseLostCause(enum.Enum):
@@ -70,6 +82,9 @@ class LeaseLost(JobpulseError):
         super().__init__(f"lease of job {job_id!r} lost: {cause.value}")
         self.job_id = job_id
         self.cause = cause
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (type(self), (self.job_id, self.cause), self.__dict__)
 
 
 class JobCancelled(JobpulseError):

@@ -270,6 +270,33 @@ async def test_outage_shorter_than_ttl_the_job_goes_on(shell: str, proxied: Prox
     assert await proxied.direct.hget(keys.state, "status") == b"COMPLETED"
 
 
+async def test_a_thread_shell_job_with_a_checkpoint_pending_at_its_lease_expiry_ends_lease_lost(
+    proxied: Proxied,
+) -> None:
+    """Found by the nemesis run (seed 1): a thread-shell job whose lease expired while its
+    checkpoint waited to be sent left the beat thread no beat and no deadline to wait for, and it
+    crashed in ``Condition.wait(inf)``: OverflowError out of ``with`` instead of
+    ``LeaseLost(EXPIRED)``, and the thread gone for every later job of the client."""
+
+    def body(hb: Any) -> None:
+        started.set()
+        for k in range(1, 1000):  # as a nemesis worker does
+            time.sleep(0.1)
+            hb.check()
+            if k % 5 == 0:
+                hb.checkpoint(n=k)
+
+    started = threading.Event()
+    job = asyncio.create_task(run_job("thread", proxied.proxy.url, "gone", body, interval=0.5,
+                                      ttl=3.0))  # fmt: skip
+    await asyncio.to_thread(started.wait, 10)
+    proxied.proxy.blackhole = True
+    with pytest.raises(LeaseLost) as lost:
+        await job
+    proxied.proxy.blackhole = False
+    assert lost.value.cause is LeaseLostCause.EXPIRED
+
+
 @pytest.mark.parametrize("shell", SHELLS)
 async def test_a_final_write_whose_reply_was_lost_lands_once(shell: str, proxied: Proxied) -> None:
     """Replay safety: the final write's reply is cut; the retry is answered as written."""

@@ -1,15 +1,18 @@
 """A Celery worker process for the tests: ``python -m tests.integrations.celery_worker URL
-NAMESPACE MODE [POOL [CONCURRENCY [BROKER]]]`` where MODE is ``jobpulse`` (instrumented, interval
-0.25 s, ttl 1 s) or ``plain``, POOL ``threads`` (the default) or ``prefork``, CONCURRENCY the pool's
-size (4 threads by default, so a restored copy of a running task starts beside it; one prefork
-child) and BROKER the broker URL when it is not URL (a ``sentinel://`` URL of the master
-``jobpulse``; results stay on URL). The app acks late with Celery's default prefetch multiplier
+NAMESPACE MODE [POOL [CONCURRENCY [BROKER [NAME]]]]`` where MODE is ``jobpulse`` (instrumented,
+interval 0.25 s, ttl 1 s), ``threadbeats`` (the same with ``sidecar=False``), ``slowhelper`` (the
+same as ``jobpulse`` with a helper process that takes 3 s to start) or ``plain``, POOL
+``threads`` (the default) or ``prefork``, CONCURRENCY the pool's size (4 threads by default, so a
+restored copy of a running task starts beside it; one prefork child), BROKER the broker URL when it
+is not URL (a ``sentinel://`` URL of the master ``jobpulse``; results stay on URL) and NAME the
+node's name (default ``NAMESPACE``). The app acks late with Celery's default prefetch multiplier
 (4), ``visibility_timeout=3`` and the restore scan every 1 s, keys prefixed by ``NAMESPACE:`` and
 the queue ``NAMESPACE:q``. Prints ``ready`` once the worker consumes; every task INCRs
 ``NAMESPACE:runs:<task id>`` when it starts, so the tests count executions."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import time
@@ -27,6 +30,7 @@ URL, NAMESPACE, MODE = ARGS[:3]
 POOL = ARGS[3] if len(ARGS) > 3 else "threads"
 CONCURRENCY = ARGS[4] if len(ARGS) > 4 else ("4" if POOL == "threads" else "1")
 BROKER = ARGS[5] if len(ARGS) > 5 else URL
+NODE = ARGS[6] if len(ARGS) > 6 else NAMESPACE
 
 app = Celery("jobpulse_test", broker=BROKER, backend=URL)
 app.conf.update(
@@ -93,6 +97,17 @@ def resumable(self: Any) -> Any:
     return "not killed"
 
 
+@app.task(bind=True, name="gil_hold")
+def gil_hold(self: Any, seconds: int) -> str:
+    """Holds the GIL for ``seconds`` in one C call (libc ``sleep`` through ``ctypes.PyDLL``,
+    which keeps the GIL), one second after recording ``NAMESPACE:holding:<task id>``."""
+    _count(self.request.id)
+    client.set(f"{NAMESPACE}:holding:{self.request.id}", os.getpid())
+    time.sleep(1)  # the claim's keeper has refreshed it (it runs at once, then every 0.25 s)
+    ctypes.PyDLL(None).sleep(seconds)
+    return "held"
+
+
 @app.task(bind=True, name="probe")
 def probe(self: Any) -> str:
     """What ``jobpulse.current()`` is inside a task (the documented pattern: None -> plain)."""
@@ -145,9 +160,35 @@ def _ready(**_: Any) -> None:
     print("ready", flush=True)
 
 
-if MODE == "jobpulse":
+@signals.task_prerun.connect
+def _delivered(task_id: str = "", **_: Any) -> None:
+    """Counts ``NAMESPACE:deliveries:<task id>`` before jobpulse's handler (connected after this
+    one) enters the heartbeat: a delivery counts even when the body never starts."""
+    client.incr(f"{NAMESPACE}:deliveries:{task_id}")
+
+
+if MODE == "slowhelper":
+    # the sidecar's helper process takes 3 s to start, as it can on a loaded machine
+    from jobpulse._worker.sidecar import channel as _channel
+
+    _start = _channel.Channel.__init__
+
+    def _slow_start(self: Any) -> None:
+        time.sleep(3)
+        _start(self)
+
+    _channel.Channel.__init__ = _slow_start  # type: ignore[method-assign]
+
+if MODE in ("jobpulse", "threadbeats", "slowhelper"):
     jobpulse_redis = client if BROKER != URL else None  # jobpulse needs redis= beside Sentinel
-    instrument(app, interval=0.25, ttl=1.0, namespace=NAMESPACE, redis=jobpulse_redis)
+    instrument(
+        app,
+        interval=0.25,
+        ttl=1.0,
+        namespace=NAMESPACE,
+        redis=jobpulse_redis,
+        sidecar=MODE != "threadbeats",
+    )
 
 if __name__ == "__main__":
     app.worker_main(
@@ -166,6 +207,6 @@ if __name__ == "__main__":
             "--without-mingle",
             "--without-gossip",
             "-n",
-            f"{NAMESPACE}@%h",
+            f"{NODE}@%h",
         ]
     )

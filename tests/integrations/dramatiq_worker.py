@@ -1,13 +1,15 @@
 """A Dramatiq worker process for the tests: ``python -m tests.integrations.dramatiq_worker URL
-NAMESPACE MODE [results-last]`` where MODE is ``jobpulse`` (instrumented, interval 0.25 s, ttl
-1 s) or ``plain``; the Results middleware is added before ``instrument()``, or after it with
-``results-last``.
-The Redis broker uses the namespace ``NAMESPACE-dq`` with ``heartbeat_timeout=3000`` ms and
+NAMESPACE MODE [HEARTBEAT_MS] [results-last]`` where MODE is ``jobpulse`` (instrumented,
+interval 0.25 s, ttl 1 s), ``threadbeats`` (the same with ``sidecar=False``) or ``plain``; the
+Results middleware is added before ``instrument()``, or after it with ``results-last``.
+The Redis broker uses the namespace ``NAMESPACE-dq`` with ``heartbeat_timeout=HEARTBEAT_MS``
+(default 3000) ms and
 maintenance on every fetch; results go to ``NAMESPACE-res``; two worker threads. Prints ``ready``
 once the worker runs. Every actor INCRs ``NAMESPACE:runs:<message id>`` when it starts."""
 
 from __future__ import annotations
 
+import ctypes
 import signal
 import sys
 import threading
@@ -25,17 +27,22 @@ import jobpulse
 from jobpulse.integrations.dramatiq import instrument
 
 URL, NAMESPACE, MODE = sys.argv[1:4]
-RESULTS_LAST = sys.argv[4:5] == ["results-last"]
+EXTRA = sys.argv[4:]
+RESULTS_LAST = "results-last" in EXTRA
+HEARTBEAT_MS = next((int(arg) for arg in EXTRA if arg.isdigit()), 3000)
 
 broker = RedisBroker(
-    url=URL, namespace=f"{NAMESPACE}-dq", heartbeat_timeout=3000, maintenance_chance=1_000_000
+    url=URL,
+    namespace=f"{NAMESPACE}-dq",
+    heartbeat_timeout=HEARTBEAT_MS,
+    maintenance_chance=1_000_000,
 )
 results = Results(backend=RedisBackend(url=URL, namespace=f"{NAMESPACE}-res"))
 if not RESULTS_LAST:
     broker.add_middleware(results)
 broker.add_middleware(CurrentMessage())
-if MODE == "jobpulse":
-    instrument(broker, interval=0.25, ttl=1.0, namespace=NAMESPACE)
+if MODE in ("jobpulse", "threadbeats"):
+    instrument(broker, interval=0.25, ttl=1.0, namespace=NAMESPACE, sidecar=MODE == "jobpulse")
 if RESULTS_LAST:
     broker.add_middleware(results)
 dramatiq.set_broker(broker)
@@ -87,6 +94,17 @@ def resumable() -> Any:
     broker.client.set(f"{NAMESPACE}:checkpointed:{message_id}", 1)
     time.sleep(60)
     return "not killed"
+
+
+@dramatiq.actor(queue_name="q", store_results=True, max_retries=0)
+def gil_hold(seconds: int) -> str:
+    """Holds the GIL for ``seconds`` in one C call (libc ``sleep`` through ``ctypes.PyDLL``,
+    which keeps the GIL), one second after recording ``NAMESPACE:holding:<message id>``."""
+    message_id = _count()
+    broker.client.set(f"{NAMESPACE}:holding:{message_id}", 1)
+    time.sleep(1)
+    ctypes.PyDLL(None).sleep(seconds)
+    return "held"
 
 
 @dramatiq.actor(queue_name="q", store_results=True, max_retries=0)

@@ -1,13 +1,15 @@
 """An RQ worker process for the tests: ``python -m tests.integrations.rq_worker URL NAMESPACE
 MODE`` where MODE is ``jobpulse`` (``worker_class(interval=0.25, ttl=1.0)``: a StartedJobRegistry
-TTL of 3 s) or ``plain`` (RQ's ``Worker`` with the same 3 s registry TTL: the stall threshold set
-short), on the queue ``NAMESPACE-q`` with maintenance every 1 s (``worker_ttl=16``: an idle worker
+TTL of 3 s), ``threadbeats`` (the same with ``sidecar=False``) or ``plain`` (RQ's ``Worker``
+with the same 3 s registry TTL: the stall threshold set short), on the queue ``NAMESPACE-q``
+with maintenance every 1 s (``worker_ttl=16``: an idle worker
 waits 1 s per BLPOP and runs maintenance between them). Prints ``ready`` before it works. Every
 job INCRs ``NAMESPACE:runs:<job id>`` when it starts and ``NAMESPACE:done:<job id>`` when its
 body returns, so the tests count executions and completions."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 import time
@@ -72,10 +74,32 @@ def resumable(ns: str) -> Any:
     return "not killed"
 
 
+def gil_hold(ns: str, seconds: int) -> str:
+    """Holds the GIL for ``seconds`` in one C call (libc ``sleep`` through ``ctypes.PyDLL``,
+    which keeps the GIL), one second after recording ``NAMESPACE:holding:<job id>``."""
+    _counter(ns, "runs")
+    job = get_current_job()
+    assert job is not None
+    job.connection.set(f"{ns}:holding:{job.id}", os.getpid())
+    time.sleep(1)  # the claim's keeper has refreshed it (it runs at once, then every 0.25 s)
+    ctypes.PyDLL(None).sleep(seconds)
+    _counter(ns, "done")
+    return "held"
+
+
 def probe(ns: str) -> str:
     """What ``jobpulse.current()`` is inside a job (the documented pattern: None -> plain)."""
     _counter(ns, "runs")
     return "none" if jobpulse.current() is None else "heartbeat"
+
+
+class CountingWorker(Worker):
+    """RQ's worker that INCRs ``NAMESPACE:deliveries:<job id>`` in the work horse before anything
+    else runs the job (a delivery counts even when the body never starts)."""
+
+    def perform_job(self, job: Any, queue: Any, execution: Any) -> bool:
+        job.connection.incr(f"{queue.name.removesuffix('-q')}:deliveries:{job.id}")
+        return bool(super().perform_job(job, queue, execution))
 
 
 class ShortWorker(Worker):
@@ -90,8 +114,14 @@ if __name__ == "__main__":
     URL, NAMESPACE, MODE = sys.argv[1:4]
     connection = redis.Redis.from_url(URL)
     cls = (
-        worker_class(interval=0.25, ttl=1.0, namespace=NAMESPACE)
-        if MODE == "jobpulse"
+        worker_class(
+            CountingWorker,
+            interval=0.25,
+            ttl=1.0,
+            namespace=NAMESPACE,
+            sidecar=MODE == "jobpulse",
+        )
+        if MODE in ("jobpulse", "threadbeats")
         else ShortWorker
     )
     worker = cls(

@@ -1,7 +1,8 @@
 """A SAQ worker process for the tests: ``python -m tests.integrations.saq_worker URL QUEUE
 NAMESPACE MODE SWEEP`` where MODE is ``jobpulse`` (instrumented, interval 0.25 s, ttl 1 s),
 ``jobpulse-slow-finish`` (the same, on a queue whose ``finish`` waits 0.5 s before it stores the
-outcome, as over a slow link) or ``plain``, and SWEEP the seconds between SAQ's sweeps (its abort
+outcome, as over a slow link), ``jobpulse-threadbeats`` (instrumented with ``sidecar=False``) or
+``plain``, and SWEEP the seconds between SAQ's sweeps (its abort
 check runs every second).
 
 Prints ``ready`` once the worker's first sweep has run. SAQ 0.26 moves a job to its active list
@@ -13,6 +14,8 @@ so the tests count executions."""
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import os
 import sys
 import time
 from typing import Any
@@ -113,6 +116,20 @@ def step(ctx: dict[str, Any], *, first: float, later: float) -> str:
     return "stepped"
 
 
+def gil_hold(ctx: dict[str, Any], *, seconds: int) -> str:
+    """A plain ``def`` task (run in a thread): counts its run, sets ``<QUEUE>:holding:<job key>``
+    to its pid, waits 1 s (the ``touched`` refresh has run), then holds the GIL for ``seconds`` in
+    one C call (libc ``sleep`` through ``ctypes.PyDLL``, which keeps the GIL): the worker's loop
+    stops too."""
+    key = ctx["job"].key
+    with redis.Redis.from_url(URL) as r:
+        r.incr(f"{QUEUE}:runs:{key}")
+        r.set(f"{QUEUE}:holding:{key}", os.getpid())
+    time.sleep(1)
+    ctypes.PyDLL(None).sleep(seconds)
+    return "held"
+
+
 async def probe(ctx: dict[str, Any]) -> str:
     """What ``jobpulse.current()`` is inside a task."""
     await _count(ctx)
@@ -140,12 +157,15 @@ async def main() -> None:
             if MODE == "jobpulse-slow-finish"
             else Queue.from_url(URL, name=QUEUE)
         ),
-        "functions": [progress, sleeper, resumable, threaded, orphan, step, probe],
+        "functions": [progress, sleeper, resumable, threaded, orphan, step, gil_hold, probe],
         "concurrency": 4,
         "timers": {"sweep": int(SWEEP), "abort": 1, "schedule": 1},
     }
     if MODE.startswith("jobpulse"):
-        settings = instrument(settings, interval=0.25, ttl=1.0, namespace=NAMESPACE)
+        sidecar = MODE != "jobpulse-threadbeats"
+        settings = instrument(
+            settings, interval=0.25, ttl=1.0, namespace=NAMESPACE, sidecar=sidecar
+        )
     worker = Worker(**settings)
     await worker.queue.connect()
     ready = asyncio.create_task(_ready_after_first_sweep(worker.queue))  # type: ignore[arg-type]

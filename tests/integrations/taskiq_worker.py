@@ -1,22 +1,25 @@
 """A taskiq worker process for the tests: ``python -m tests.integrations.taskiq_worker URL QUEUE
-NAMESPACE MODE IDLE_MS [MAX_TASKS]`` where MODE is ``jobpulse`` (instrumented, interval 0.25 s,
-ttl 1 s), ``jobpulse-slow-finish`` (the same, with a result backend that saves 0.5 s late) or
-``plain``, on a taskiq-redis ``RedisStreamBroker`` of stream QUEUE whose
-``idle_timeout`` is IDLE_MS, running at most MAX_TASKS tasks at once (taskiq's default, 100,
-when not given; the broker's read-ahead, ``xread_count``, stays at its default). Prints ``ready``
-once its consumer group exists. Every task INCRs the counter key it is given when it starts, so
-the tests count executions."""
+NAMESPACE MODE IDLE_MS [MAX_TASKS]`` where MODE is ``jobpulse`` (instrumented, interval 0.25 s, ttl
+1 s), ``jobpulse-slow-finish`` (the same, with a result backend that saves 0.5 s late),
+``jobpulse-threadbeats`` (instrumented with ``sidecar=False``) or ``plain``, on a taskiq-redis
+``RedisStreamBroker`` of stream QUEUE whose ``idle_timeout`` is IDLE_MS, running at most MAX_TASKS
+tasks at once (taskiq's default, 100, when not given; the broker's read-ahead, ``xread_count``,
+stays at its default). Prints ``ready`` once its consumer group exists. Every task INCRs the
+counter key it is given when it starts, so the tests count executions, and every delivery of a task
+INCRs ``NAMESPACE:deliveries:<task id>`` before it runs (a middleware's ``pre_execute``)."""
 
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import os
 import sys
 import time
 from typing import Any
 
 import redis
 import redis.asyncio as aioredis
-from taskiq import TaskiqResult
+from taskiq import TaskiqMessage, TaskiqMiddleware, TaskiqResult
 from taskiq.api import run_receiver_task
 from taskiq_redis import RedisAsyncResultBackend, RedisStreamBroker
 
@@ -39,8 +42,20 @@ backend = SlowResultBackend if MODE == "jobpulse-slow-finish" else RedisAsyncRes
 broker = RedisStreamBroker(
     URL, queue_name=QUEUE, idle_timeout=int(IDLE_MS), xread_block=200
 ).with_result_backend(backend(URL, prefix_str=QUEUE, result_ex_time=600))
+
+
+class Deliveries(TaskiqMiddleware):
+    """Counts the deliveries of each task id (a redelivery counts, whether or not it runs)."""
+
+    async def pre_execute(self, message: TaskiqMessage) -> TaskiqMessage:
+        await _count(f"{NAMESPACE}:deliveries:{message.task_id}")
+        return message
+
+
+broker.add_middlewares(Deliveries())
 if MODE.startswith("jobpulse"):
-    instrument(broker, interval=0.25, ttl=1.0, namespace=NAMESPACE)
+    sidecar = MODE != "jobpulse-threadbeats"
+    instrument(broker, interval=0.25, ttl=1.0, namespace=NAMESPACE, sidecar=sidecar)
 
 _counter: list[aioredis.Redis] = []
 
@@ -97,6 +112,19 @@ def orphan(counter: str, lost: str, ended: str, seconds: float) -> str:
         time.sleep(seconds)
         r.set(ended, 1)
     return "orphan"
+
+
+@broker.task(task_name="gil_hold")
+def gil_hold(counter: str, holding: str, seconds: int) -> str:
+    """A plain ``def`` task (taskiq runs it in a thread): sets ``holding`` to its pid, waits 1 s
+    (the entry's refresh has run), then holds the GIL for ``seconds`` in one C call (libc
+    ``sleep`` through ``ctypes.PyDLL``, which keeps the GIL): the worker's loop stops too."""
+    with redis.Redis.from_url(URL) as r:
+        r.incr(counter)
+        r.set(holding, os.getpid())
+    time.sleep(1)
+    ctypes.PyDLL(None).sleep(seconds)
+    return "held"
 
 
 @broker.task(task_name="resumable")

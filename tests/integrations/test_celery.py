@@ -147,6 +147,22 @@ async def test_a_countdown_past_visibility_timeout_runs_once(
     assert await _runs(redis, ns, f"{ns}-1") == 1
 
 
+async def test_a_countdown_past_visibility_timeout_runs_once_while_the_helper_starts_slowly(
+    spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery
+) -> None:
+    # The held-deliveries thread stops re-scoring a delivery once its task is active, which
+    # leaves it ttl + interval (1.25 s) before it is restorable; the task's heartbeat then
+    # enters, starting the sidecar's helper (3 s here). A first merge of the sidecar left the
+    # delivery without a re-score until the helper's first one: kombu restored it and it was
+    # delivered twice (the countdown test failed so on a loaded machine).
+    spawn(WORKER, redis_url, ns, "slowhelper")
+    res = app.send_task("probe", task_id=f"{ns}-1", countdown=6)
+    assert await _result(res, 20) == "heartbeat"
+    await asyncio.sleep(2)  # a restored copy would be delivered and started by now
+    assert int(await redis.get(f"{ns}:deliveries:{ns}-1") or 0) == 1
+    assert await _runs(redis, ns, f"{ns}-1") == 1
+
+
 async def test_a_killed_workers_prefetched_task_is_restored_once(
     spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, app: Celery, reader: StatusReader
 ) -> None:
@@ -220,6 +236,43 @@ async def test_a_live_task_past_visibility_timeout_runs_once_on_a_sentinel_broke
         assert await _runs(redis, ns, f"{ns}-1") == 1
     finally:
         client.close()
+
+
+@pytest.mark.parametrize("mode", ["jobpulse", "threadbeats"])
+async def test_a_task_holding_the_gil_for_3_ttl_runs_once_and_is_never_stale_with_the_sidecar(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    redis: aioredis.Redis,
+    app: Celery,
+    reader: StatusReader,
+    mode: str,
+) -> None:
+    # Issue 29: two prefork workers (one child each), acks late, the restore scan every 1 s
+    # (visibility_timeout=3). The task holds the GIL for 3 s (3 x ttl) in one C call, so every
+    # thread of its process stops: with beats from threads (sidecar=False) the job goes STALE
+    # and kombu restores the delivery, whose re-score stopped too, to the other worker (the
+    # task runs again); with the sidecar the helper process beats and re-scores meanwhile.
+    task_id = f"{ns}-1"
+    spawn(WORKER, redis_url, ns, mode, "prefork", "1", redis_url, f"{ns}-a")
+    spawn(WORKER, redis_url, ns, mode, "prefork", "1", redis_url, f"{ns}-b")
+    res = _send(app, "gil_hold", task_id, 3)
+    await eventually(lambda: redis.exists(f"{ns}:holding:{task_id}"), within=10)
+    seen: set[JobState] = set()
+    while not res.ready():  # observed from this process, every 50 ms until Celery has a result
+        seen.add((await reader.get(task_id)).state)
+        await asyncio.sleep(0.05)
+    assert await _result(res, 20) == "held"
+    if mode == "threadbeats":
+        await asyncio.sleep(3)  # the restored copy, if any, has started by now
+        assert await _runs(redis, ns, task_id) > 1
+        return
+    assert JobState.STALE not in seen
+    await asyncio.sleep(3)  # a restored copy would have started by now (scan every 1 s)
+    assert int(await redis.get(f"{ns}:deliveries:{task_id}") or 0) == 1
+    assert await _runs(redis, ns, task_id) == 1
+    final = await eventually(lambda: _final(reader, task_id), within=5)
+    assert (final.state, final.attempt) == (JobState.COMPLETED, 1)
 
 
 async def test_a_killed_workers_task_is_stale_within_ttl_then_resumed_once(

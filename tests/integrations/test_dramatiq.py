@@ -42,7 +42,7 @@ class Client:
             name: dramatiq.actor(
                 lambda *a: None, actor_name=name, queue_name="q", broker=self.broker
             )
-            for name in ("progress", "sleeper", "resumable", "probe")
+            for name in ("progress", "sleeper", "resumable", "probe", "gil_hold")
         }
 
     def send(self, name: str, *args: Any) -> Message[Any]:
@@ -144,6 +144,41 @@ async def test_prefetched_messages_waiting_past_heartbeat_timeout_run_once(
     for message in messages:
         assert await client.result(message, 20) == "slept"
     assert [await _runs(redis, ns, m.message_id) for m in messages] == [1, 1, 1, 1]
+
+
+@pytest.mark.parametrize("mode", ["jobpulse", "threadbeats"])
+async def test_an_actor_holding_the_gil_for_3_ttl_is_never_stale_with_the_sidecar(
+    spawn: Spawn,
+    redis: aioredis.Redis,
+    redis_url: str,
+    ns: str,
+    client: Client,
+    reader: StatusReader,
+    mode: str,
+) -> None:
+    # Issue 29: the actor holds the GIL for 3 s (3 x ttl) in one C call, so every thread of its
+    # worker process stops: with beats from a thread (sidecar=False) the job is read STALE;
+    # with the sidecar the helper process beats meanwhile. Dramatiq's own consumer heartbeat
+    # stops too (jobpulse does not keep it): its timeout is 10 s here, above the hold.
+    spawn(WORKER, redis_url, ns, mode, "10000")
+    spawn(WORKER, redis_url, ns, mode, "10000")
+    message = client.send("gil_hold", 3)
+    job_id = message.message_id
+    await eventually(lambda: redis.exists(f"{ns}:holding:{job_id}"), within=10)
+    seen: set[JobState] = set()
+    result = asyncio.ensure_future(client.result(message, 20))
+    while not result.done():  # observed from this process, every 50 ms
+        seen.add((await reader.get(job_id)).state)
+        await asyncio.sleep(0.05)
+    if mode == "threadbeats":
+        result.exception()  # how Dramatiq recorded it does not matter here
+        assert JobState.STALE in seen
+        return
+    assert await result == "held"
+    assert JobState.STALE not in seen
+    assert await _runs(redis, ns, job_id) == 1
+    final = await eventually(lambda: _final(reader, job_id), within=5)
+    assert (final.state, final.attempt) == (JobState.COMPLETED, 1)
 
 
 async def test_a_killed_workers_message_is_stale_within_ttl_then_resumed_once(

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any, ClassVar
 
 import pytest
+import redis as redis_sync
 from arq.worker import func
 from taskiq_redis import RedisStreamBroker
 
@@ -87,7 +88,8 @@ def test_celery_refuses_a_broker_it_cannot_write_to_at_install(broker: str | Non
     with pytest.raises(ValueError, match=r"broker URL is not redis://.*pass redis="):
         jp_celery.instrument(app)
     assert getattr(app, "_jobpulse", None) is None
-    assert jp_celery.instrument(app, redis=object()) is app
+    # a plain client (never connected): the sidecar, the default, rebuilds it in its helper
+    assert jp_celery.instrument(app, redis=redis_sync.Redis(port=1)) is app
 
 
 def test_rq_worker_class_checks_options_and_subclasses_the_base() -> None:
@@ -111,8 +113,9 @@ def test_dramatiq_checks_options_and_adds_one_middleware() -> None:
         jp_dramatiq.instrument(broker, interval=2.0, ttl=3.0)
     with pytest.raises(ValueError, match="redis="):
         jp_dramatiq.instrument(broker)  # a stub broker has no Redis client
-    first = jp_dramatiq.instrument(broker, redis=object())
-    assert jp_dramatiq.instrument(broker, redis=object()) is first
+    # plain clients (never connected): the sidecar, the default, rebuilds them in its helper
+    first = jp_dramatiq.instrument(broker, redis=redis_sync.Redis(port=1))
+    assert jp_dramatiq.instrument(broker, redis=redis_sync.Redis(port=1)) is first
     assert [m for m in broker.middleware if isinstance(m, jp_dramatiq.JobpulseMiddleware)] == [
         first
     ]

@@ -159,6 +159,49 @@ async def test_a_busy_worker_stays_in_rqs_worker_registry(
     assert len(Worker.all(queue=queue)) == 2
 
 
+@pytest.mark.parametrize("mode", ["jobpulse", "threadbeats"])
+async def test_a_job_holding_the_gil_in_its_horse_runs_once_and_is_never_stale_with_the_sidecar(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    redis: aioredis.Redis,
+    queue: Queue,
+    reader: StatusReader,
+    mode: str,
+) -> None:
+    # Issue 29: the work horse holds the GIL for 5 s (5 x ttl; more than the 3 s registry TTL)
+    # in one C call, so every thread of the horse stops. With beats and the registry refresh
+    # from threads of the horse (sidecar=False) the entry expires, maintenance (every 1 s)
+    # abandons the job and the idle second worker re-runs it; with the sidecar the horse's
+    # helper process beats and refreshes the entry meanwhile. (With the sidecar's beats but
+    # the refresh left in the horse, the job was delivered to the other worker too, which met
+    # JobBusy: counted by ``deliveries``, before the body's ``runs``.)
+    job_id = f"{ns}-1"
+    spawn(WORKER, redis_url, ns, mode)
+    spawn(WORKER, redis_url, ns, mode)
+    job = _enqueue(queue, job_id, "gil_hold", ns, 5, retry=True)
+    await eventually(lambda: redis.exists(f"{ns}:holding:{job_id}"), within=10)
+    if mode == "threadbeats":
+
+        async def run_again() -> bool:
+            return await _count(redis, ns, "runs", job_id) > 1
+
+        await eventually(run_again, within=15)
+        return
+    seen: set[JobState] = set()
+    while not await _count(redis, ns, "done", job_id):  # observed from this process
+        seen.add((await reader.get(job_id)).state)
+        await asyncio.sleep(0.05)
+    await eventually(_status(job), within=10)
+    assert job.get_status() is JobStatus.FINISHED
+    assert JobState.STALE not in seen
+    await asyncio.sleep(2)  # a re-run, had maintenance abandoned the job, would have started
+    assert await _count(redis, ns, "deliveries", job_id) == 1  # never handed to the other
+    assert await _count(redis, ns, "runs", job_id) == 1
+    final = await eventually(lambda: _final(reader, job_id), within=5)
+    assert (final.state, final.attempt) == (JobState.COMPLETED, 1)
+
+
 @pytest.mark.parametrize("mode", ["jobpulse", "plain"])
 async def test_killing_the_main_process_the_orphan_never_finishes_over_the_rerun(
     spawn: Spawn, redis_url: str, ns: str, redis: aioredis.Redis, queue: Queue, mode: str

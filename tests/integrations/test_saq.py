@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import signal
 import subprocess
@@ -12,7 +13,7 @@ from typing import Any
 import pytest
 import redis.asyncio as aioredis
 from saq import Queue
-from saq.job import Job, Status
+from saq.job import TERMINAL_STATUSES, Job, Status
 
 from jobpulse import JobState, JobStatus, StatusReader, request_cancel
 from jobpulse._protocol.keys import KeySchema
@@ -129,6 +130,49 @@ async def test_a_live_job_past_saqs_heartbeat_runs_once_with_jobpulse_and_again_
         return await _runs(redis, without.name, b.key) > 1
 
     await eventually(run_again, within=15)  # swept, aborted and retried while it ran
+
+
+@pytest.mark.parametrize("mode", ["jobpulse", "jobpulse-threadbeats"])
+async def test_a_def_job_holding_the_gil_for_3_ttl_runs_once_and_is_never_stale_with_the_sidecar(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    redis: aioredis.Redis,
+    queues: Callable[[str], Queue],
+    reader: StatusReader,
+    mode: str,
+) -> None:
+    # Issue 29: two workers on one queue, SAQ's sweep every second (one worker sweeps at a time,
+    # under SAQ's lock), heartbeat=1: a job untouched for 1 s is swept and retried. A plain def
+    # job holds the GIL for 3 s (3 x ttl) in one C call: every thread of its worker stops, its
+    # event loop too, and with it the loop's beats and its refresh of the job's touched time.
+    # With the sidecar the helper process beats and refreshes meanwhile; with beats from the
+    # loop (sidecar=False) the other worker's sweep retries the job.
+    queue = queues(f"{ns}-q")
+    spawn(WORKER, redis_url, queue.name, ns, mode, "1")
+    spawn(WORKER, redis_url, queue.name, ns, mode, "1")
+    job = await _enqueue(queue, f"{ns}-1", "gil_hold", seconds=3, heartbeat=1, retries=3)
+    await eventually(lambda: redis.exists(f"{queue.name}:holding:{job.key}"), within=10)
+    if mode == "jobpulse-threadbeats":
+
+        async def run_again() -> bool:
+            return await _runs(redis, queue.name, job.key) > 1
+
+        await eventually(run_again, within=15)  # swept and retried while it held the GIL
+        return
+    seen: set[JobState] = set()
+    for _ in range(300):  # observed from this process every 50 ms until SAQ stored an outcome
+        seen.add((await reader.get(job.id)).state)
+        stored = await queue.job(job.key)
+        if stored is not None and stored.status in TERMINAL_STATUSES:
+            break
+        await asyncio.sleep(0.05)
+    assert stored is not None
+    assert (stored.status, stored.result, stored.attempts) == (Status.COMPLETE, "held", 1)
+    assert JobState.STALE not in seen
+    assert await _runs(redis, queue.name, job.key) == 1
+    done = await _jobpulse_end(reader, job.id)
+    assert (done.state, done.attempt) == (JobState.COMPLETED, 1)
 
 
 async def test_a_killed_workers_job_is_stale_within_ttl_then_resumed_once(

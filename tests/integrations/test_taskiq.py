@@ -138,6 +138,52 @@ async def test_a_live_task_past_the_idle_timeout_runs_once_with_jobpulse_and_aga
     assert await _runs(redis, f"{ns}:without") > 1
 
 
+@pytest.mark.parametrize("mode", ["jobpulse", "jobpulse-threadbeats"])
+async def test_a_def_task_holding_the_gil_for_3_ttl_runs_once_and_is_never_stale_with_the_sidecar(
+    spawn: Spawn,
+    redis_url: str,
+    ns: str,
+    redis: aioredis.Redis,
+    kicker: Callable[[str], Awaitable[Kick]],
+    reader: StatusReader,
+    mode: str,
+) -> None:
+    # Issue 29: two workers on one stream, idle_timeout=1000 ms (the other worker's reads,
+    # nudged by probes, XAUTOCLAIM entries idle that long). A plain def task holds the GIL for
+    # 3 s (3 x ttl) in one C call: every thread of its worker stops, its event loop too, and
+    # with it the loop's beats and the worker's _DeliveryKeeper. With the sidecar the helper
+    # process beats and re-claims the task's entry meanwhile; with beats from the loop
+    # (sidecar=False) the entry idles and the other worker takes it.
+    queue, counter, probes = f"{ns}-q", f"{ns}:runs", f"{ns}:probes"
+    spawn(WORKER, redis_url, queue, ns, mode, "1000")
+    spawn(WORKER, redis_url, queue, ns, mode, "1000")
+    kick = await kicker(queue)
+    task = await kick("gil_hold", counter, f"{ns}:holding", 3)
+    deliveries = f"{ns}:deliveries:{task.task_id}"
+    await eventually(lambda: redis.exists(f"{ns}:holding"), within=10)
+    seen: set[JobState] = set()
+    tick = 0
+    while not await task.is_ready():  # observed from this process every 50 ms until a result
+        seen.add((await reader.get(task.task_id)).state)
+        if tick % 6 == 0:
+            await kick("probe", probes)  # the other worker reads, then XAUTOCLAIMs
+        tick += 1
+        await asyncio.sleep(0.05)
+    if mode == "jobpulse-threadbeats":
+        assert await _runs(redis, deliveries) > 1  # handed on to the other worker meanwhile
+        return
+    result = await task.get_result()
+    assert (result.is_err, result.return_value) == (False, "held")
+    assert JobState.STALE not in seen
+    for _ in range(7):  # 2 s more of probes: a handed-on copy would be delivered by now
+        await kick("probe", probes)
+        await asyncio.sleep(0.3)
+    assert await _runs(redis, deliveries) == 1
+    assert await _runs(redis, counter) == 1
+    done = await _jobpulse_end(reader, task.task_id)
+    assert (done.state, done.attempt) == (JobState.COMPLETED, 1)
+
+
 async def test_a_killed_workers_task_is_stale_within_ttl_then_resumed_once(
     spawn: Spawn,
     redis_url: str,

@@ -105,6 +105,11 @@ async def test_a_timeout_label_stops_a_sync_task_at_its_next_check(
     cli_worker: Kick, redis: aioredis.Redis, ns: str, reader: StatusReader
 ) -> None:
     counter, marker = f"{ns}:runs", f"{ns}:advanced"
+    # A def task beats from the sidecar helper, which the worker process starts with its first
+    # def task (0.5 s or more on a loaded machine, inside taskiq's timeout): start it first, so
+    # the 1 s timeout falls in this task's body.
+    warm = await cli_worker("sync_progress", f"{ns}:warm", 1)
+    assert not (await warm.wait_result(timeout=20)).is_err
     task = await cli_worker("sync_until_cancelled", counter, marker, timeout=1)
     result = await task.wait_result(timeout=20)
     assert result.is_err

@@ -1,13 +1,18 @@
 """Our RESP packing (``_protocol/wire.py``, ``plan.pack_beats``) writes the bytes redis-py's own
 packer writes for the same command: the tickers' and the reader's packed writes are the
-commands their pipelines would send."""
+commands their pipelines would send. ``wire.pack`` is hiredis's packer where hiredis is
+installed and ``wire.pack_python`` otherwise: both write the same bytes as redis-py's Python
+packer on every argument shape jobpulse sends (the path without hiredis, end to end, is
+``tests/integration/test_no_hiredis.py``)."""
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
+import hiredis
 import pytest
-from redis.connection import Connection
+from redis.connection import Connection, Encoder, PythonRespSerializer
 
 from jobpulse._protocol import calls, wire
 from jobpulse._protocol.calls import AcquireCode, AcquireReply
@@ -37,21 +42,52 @@ def _redis_py(*args: Any) -> bytes:
     return b"".join(Connection().pack_command(*args))
 
 
-@pytest.mark.parametrize(
-    "args",
-    [
-        ("PTTL", "k"),
-        ("EVALSHA", "ab" * 20, 2, b"k1", b"k2", 0, -7, 1.5, "é", b"", ""),
-        ("HSET", "k", "f", 12345678901234567890, "g", 0.1),
-    ],
-)
+def _redis_py_python(*args: Any) -> bytes:
+    """redis-py's own Python packer (the one it uses without hiredis)."""
+    encoder = Encoder(encoding="utf-8", encoding_errors="strict", decode_responses=False)
+    return b"".join(PythonRespSerializer(6000, encoder.encode).pack(*args))
+
+
+SHAPES: list[tuple[Any, ...]] = [
+    ("PTTL", "k"),
+    ("TIME",),
+    ("EVALSHA", "ab" * 20, 2, b"k1", b"k2", 0, -7, 1.5, "é", b"", ""),
+    ("HSET", "k", "f", 12345678901234567890, "g", 0.1),
+    ("SET", "ключ", "值", "😀", "a\r\nb", b"\x00\xff\r\n", b"\xc3\xa9"),
+    ("X", 0, -1, 2**63 - 1, -(2**63), 2**100, -(2**100)),
+    ("X", 0.0, -0.0, 1e-7, 1e16, 1e300, -2.5e-300, 1 / 3, float("inf"), float("-inf")),
+    ("X", "", b"", "a" * 10_000, b"b" * 100_000),  # past redis-py's buffer cutoff
+    ("ZADD", "ns:running", "GT", 1700, "j1", 1800, "j2"),
+    tuple(["EVALSHA", "f" * 40, 5] + [f"ns:{{j{i}}}:k" for i in range(5)] + list(range(11))),
+    ("RPUSH", "k", *range(1000)),
+]
+
+
+@pytest.mark.parametrize("args", SHAPES, ids=range(len(SHAPES)))
 def test_pack_writes_what_redis_py_writes(args: tuple[Any, ...]) -> None:
-    assert wire.pack(args) == _redis_py(*args)
+    """hiredis's packer, ours in Python and redis-py's in Python: the same bytes."""
+    expected = _redis_py_python(*args)
+    assert hiredis.pack_command(args) == expected
+    assert wire.pack_python(args) == expected
+    assert wire.pack_python(list(args)) == expected
+    assert wire.pack(args) == expected
+    assert wire.pack(list(args)) == expected  # the callers pass lists too
+    assert _redis_py(*args) == expected
 
 
-def test_pack_refuses_what_it_cannot_send() -> None:
-    with pytest.raises(TypeError, match="cannot send NoneType None"):
-        wire.pack(["SET", "k", None])
+def test_pack_is_hiredis_where_installed() -> None:
+    assert wire.HIREDIS_PACK
+    assert wire.pack is not wire.pack_python
+
+
+@pytest.mark.parametrize("pack", [wire.pack, wire.pack_python], ids=["pack", "pack_python"])
+@pytest.mark.parametrize(
+    ("value", "name"), [(None, "NoneType None"), (True, "bool True"), ([1], "list [1]")]
+)
+def test_pack_refuses_what_it_cannot_send(pack: Any, value: Any, name: str) -> None:
+    """Either packer names the argument it cannot send (hiredis's own error does not)."""
+    with pytest.raises(TypeError, match=f"cannot send {re.escape(name)} to Redis"):
+        pack(["SET", "k", value])
 
 
 def test_pack_beats_is_the_pipeline_of_the_beat_calls_and_index_zadds() -> None:
@@ -79,15 +115,3 @@ def test_pack_beats_with_each_jobs_prepacked_keys_and_head(mode: Any) -> None:
     stamped = [clock.stamp(command) for _, command in batches]
     assert mode == "server" or stamped[0][1] != calls.SCRIPTS.beat.sha
     assert packed == b"".join(_redis_py(*command) for command in stamped)
-
-
-def test_pack_beats_sends_the_keys_and_head_packed_at_acquire() -> None:
-    job = _Job("j")
-    beats = [(job, job.machine.next_beat(101.0, 0.0, SAMPLE, 5, 9))]
-    keys, head = job.machine.beat_wire
-    job.machine.beat_wire = (b"<keys>", b"<head>")  # what was packed once is what is sent
-    packed = pack_beats(beat_calls(beats, None), {}, ScriptClock())  # type: ignore[type-var]
-    assert packed.count(b"<keys>") == 1
-    assert packed.count(b"<head>") == 1
-    assert keys not in packed
-    assert head not in packed

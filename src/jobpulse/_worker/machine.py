@@ -187,8 +187,6 @@ class BeatMachine(Generic[H]):
         self._replay: tuple[int, tuple[str, H]] | None = None
         self.beat_head: tuple[bytes, ...] = ()  # token, fence, ttl_ms: a segment's 2nd-4th
         self.beat_keys: tuple[bytes, ...] = ()
-        # the RESP of beat_keys and of beat_head, for a packed write (plan.pack_beats)
-        self.beat_wire: tuple[bytes, bytes] = (b"", b"")
         # the dynamic values the snapshot is known to hold (None: unknown, sent next beat) and
         # (values, indexes sent, seq reused) of the beat in flight
         self._known: list[str | None] = [None] * len(_ALL)
@@ -239,7 +237,6 @@ class BeatMachine(Generic[H]):
         # What every beat carries unchanged, encoded once (redis-py passes bytes through).
         self.beat_keys = tuple(k.encode() for k in self.keys)
         self.beat_head = tuple(str(x).encode() for x in (self.token, self.fence, self.cfg.ttl_ms))
-        self.beat_wire = (wire.pack_args(self.beat_keys), wire.pack_args(self.beat_head))
         self._known = [None] * len(_ALL)  # the first beat sends every field
         self.due = sent_at + self.cfg.interval
 

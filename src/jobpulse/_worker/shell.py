@@ -230,9 +230,10 @@ class Shell(Generic[H]):
             WORKER_STATS.beats_late += 1
         if verdict.resolved is not None:
             self._settle(verdict.resolved, None)
-        error = LeaseLost(self.job_id, self._m.lease.lost or LeaseLostCause.FENCED_OUT)
-        for handle in verdict.failed:
-            self._settle(handle, error)
+        if verdict.failed:  # not one exception built per beat: only when a waiter fails
+            error = LeaseLost(self.job_id, self._m.lease.lost or LeaseLostCause.FENCED_OUT)
+            for handle in verdict.failed:
+                self._settle(handle, error)
         if verdict.lost is not None:
             self._on_lost(verdict.lost)
         if verdict.cancel:

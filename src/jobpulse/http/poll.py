@@ -11,6 +11,7 @@ after their ``Retry-After``; any other error status raises :class:`PollError`.
 from __future__ import annotations
 
 import asyncio
+import functools
 import math
 import time
 from typing import Any
@@ -40,6 +41,10 @@ class PollError(JobpulseError):
         super().__init__(message)
         self.url = url
         self.status_code = status_code
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        rebuild = functools.partial(type(self), url=self.url, status_code=self.status_code)
+        return (rebuild, self.args, self.__dict__)
 
 
 def _retry_after(response: httpx.Response) -> float | None:

@@ -39,6 +39,7 @@ import contextvars
 import functools
 import hashlib
 import logging
+import pickle
 import re
 import threading
 import time
@@ -46,9 +47,12 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
+import redis as redis_sync
+
 from .._protocol.errors import is_redis_fault
 from .._protocol.keys import check_namespace
 from .._protocol.ratelimit import RateLimitedLog
+from .._protocol.rebuild import RedisFactory, checked_factory, factory_of
 from .._reader.reader import StatusReader
 from .._reader.status import JobState, JobStatus
 from .._reader.sync_reader import SyncStatusReader
@@ -56,13 +60,16 @@ from .._worker.config import MAX_KIND_CHARS, HeartbeatConfig
 from .._worker.current import current
 from .._worker.heartbeat import JobHeartbeat, heartbeat
 from .._worker.retry import retry_after
+from .._worker.sidecar.job import AsyncSidecarHeartbeat, SidecarHeartbeat
 from .._worker.sync_heartbeat import SyncHeartbeat
 from .._worker.sync_heartbeat import heartbeat as sync_heartbeat
 from ..errors import JobBusy, JobCancelled
 
 __all__ = [
     "WRAPPED",
+    "AsyncPulse",
     "ClaimHold",
+    "HelperClaim",
     "HolderView",
     "PulseOptions",
     "hold_back",
@@ -84,6 +91,10 @@ _ID_OK = re.compile(r"[A-Za-z0-9._\-:/]{1,200}")
 _BAD_CHAR = re.compile(r"[^A-Za-z0-9._\-:/]")
 _READABLE = 100  # characters of the original id kept in a mapped id
 _DIGEST = 16  # hex characters of sha256 in a mapped id (64 bits)
+
+#: What an asyncio integration's task body is given: the in-loop heartbeat, or (a task run in
+#: a thread, with ``sidecar``) the helper-beaten one; both have a heartbeat's public members.
+AsyncPulse = JobHeartbeat | AsyncSidecarHeartbeat
 
 #: The attribute that marks a task function an integration has wrapped (wrapping is idempotent).
 WRAPPED = "__jobpulse_wrapped__"
@@ -134,16 +145,27 @@ class PulseOptions:
         namespace: jobpulse's key prefix.
         redis: the ``redis.asyncio`` client jobpulse writes to; None (the default) uses the
             queue's own connection.
+        sidecar: send each task's beats, and refresh the queue's claim, from jobpulse's
+            helper process (``heartbeat(..., sidecar=True)``), so a body that holds the GIL
+            delays neither: every task of the sync integrations (Celery, RQ, Dramatiq), and
+            the tasks the asyncio integrations run in threads (taskiq's and SAQ's plain
+            ``def`` tasks; coroutines keep in-loop beats). Their ``instrument()`` defaults to
+            True.
     """
 
     interval: float = 1.0
     ttl: float = 6.0
     namespace: str = "jobpulse"
     redis: Any = None
+    sidecar: bool = False
 
     def __post_init__(self) -> None:
         HeartbeatConfig(interval=self.interval, ttl=self.ttl)
         check_namespace(self.namespace)
+        if not isinstance(self.sidecar, bool):
+            raise TypeError(f"sidecar must be a bool, got {type(self.sidecar).__name__}")
+        if self.sidecar and self.redis is not None:
+            checked_factory(None, self.redis)  # TypeError now, not at the first task
 
     @property
     def claim_ttl(self) -> float:
@@ -281,7 +303,10 @@ async def pulse(
     queue_job_id: str | bytes,
     task_name: str,
     refresh: Callable[[], Awaitable[object]] | None,
-) -> AsyncIterator[JobHeartbeat]:
+    *,
+    sidecar: bool = False,
+    claim: HelperClaim | None = None,
+) -> AsyncIterator[AsyncPulse]:
     """Run the block under ``heartbeat()`` for a queue's job, keeping the queue's claim fresh.
 
     Args:
@@ -292,6 +317,10 @@ async def pulse(
         refresh: the queue's claim refresh, called every ``options.interval`` seconds while the
             heartbeat holds its lease; None: the integration keeps the claim itself (taskiq's
             worker-wide keeper).
+        sidecar: beat from jobpulse's helper process (``heartbeat(..., sidecar=True)``): for a
+            task the queue runs in a thread, whose GIL hold would starve this loop's beats.
+        claim: with ``sidecar``, the queue's claim refresh for the helper to run beside the
+            beats (then ``refresh`` is not run here); None: ``refresh`` runs in this loop.
 
     A lease held by another attempt (JobBusy) is waited for, up to ``claim_ttl``, only while
     that holder is not alive (:func:`holder_alive`): a queue may hand a dead worker's job on a
@@ -300,6 +329,8 @@ async def pulse(
     """
     job_id = job_id_for(queue_job_id)
     client = options.redis if options.redis is not None else redis
+    if sidecar and claim is not None:
+        refresh = None  # the helper refreshes the claim
     deadline = time.monotonic() + options.claim_ttl
     first: HolderView | None = None
     reader: StatusReader | None = None
@@ -311,9 +342,10 @@ async def pulse(
             ttl=options.ttl,
             namespace=options.namespace,
             kind=kind_for(task_name),
-            sidecar=False,  # the integrations' use of the sidecar: a follow-up (issue 29)
+            sidecar=sidecar,
         )
-        assert isinstance(hb, JobHeartbeat)
+        if claim is not None and isinstance(hb, AsyncSidecarHeartbeat):
+            hb.keep(claim)
         try:
             await hb.__aenter__()
         except JobBusy:
@@ -387,6 +419,72 @@ async def hold_back(waited: asyncio.Future[Any]) -> None:
             await asyncio.wait({waited})
 
 
+_SYNC_CLASSES: dict[str, type[Any]] = {
+    "tcp": redis_sync.Connection,
+    "ssl": redis_sync.SSLConnection,
+    "unix": redis_sync.UnixDomainSocketConnection,
+}
+_HELPER_CLIENTS: dict[bytes, redis_sync.Redis] = {}  # (in the helper) one client per broker
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HelperClaim:
+    """A queue's claim refresh run by the sidecar helper process, beside the job's beats.
+
+    Sent to the helper with the job (it is pickled: ``refresh`` must be a module-level function
+    or a ``functools.partial`` of one). There ``refresh(client)`` is called with a blocking
+    ``redis.Redis`` built from ``broker`` (the queue's connection settings), in a thread of the
+    helper, at once and every ``period`` seconds while the job's lease is held (the schedule
+    and rules of :func:`keep_claim`). The helper ends at its owner's death, and the refresh
+    with it: a dead worker's claim expires as before; a worker whose body holds the GIL keeps
+    its claim.
+
+    Attributes:
+        broker: how to rebuild the queue's client in the helper.
+        refresh: the queue's "I still hold this job" write, given that client.
+        period: seconds between refreshes.
+        job_id: the jobpulse job id (for the warning of a failing refresh).
+    """
+
+    broker: RedisFactory
+    refresh: Callable[[redis_sync.Redis], object]
+    period: float
+    job_id: str
+
+    @classmethod
+    def of(
+        cls, broker: Any, refresh: Callable[[redis_sync.Redis], object], period: float, job_id: str
+    ) -> HelperClaim | None:
+        """The claim for ``broker`` (a plain ``redis.Redis``), or None when jobpulse cannot
+        rebuild that client in the helper (Sentinel, Cluster, a credential provider): the
+        claim is then refreshed from the worker's own process."""
+        try:
+            factory = factory_of(broker)
+        except TypeError:
+            return None
+        return cls(broker=factory, refresh=refresh, period=period, job_id=job_id)
+
+    def client(self) -> redis_sync.Redis:
+        """The helper's client for this broker (one per broker, shared by its jobs)."""
+        key = pickle.dumps(self.broker)
+        client = _HELPER_CLIENTS.get(key)
+        if client is None:
+            pool = redis_sync.ConnectionPool(
+                connection_class=_SYNC_CLASSES[self.broker.kind], **self.broker.settings
+            )
+            client = _HELPER_CLIENTS[key] = redis_sync.Redis(connection_pool=pool)
+        return client
+
+    def keep(self, holds: Callable[[], bool]) -> contextlib.AbstractAsyncContextManager[None]:
+        """(In the helper) the refresh loop around the job's body."""
+        client = self.client()
+
+        async def refresh() -> None:
+            await asyncio.to_thread(self.refresh, client)
+
+        return keep_claim(refresh, self.period, job_id=self.job_id, holds=holds)
+
+
 @contextlib.contextmanager
 def keep_claim_sync(
     refresh: Callable[[], object] | None,
@@ -442,40 +540,30 @@ def pulse_sync(
     refresh: Callable[[], object] | None,
     *,
     watch: Callable[[], object] | None = None,
-) -> Iterator[SyncHeartbeat]:
+    claim: HelperClaim | None = None,
+) -> Iterator[SyncHeartbeat | SidecarHeartbeat]:
     """Run the block under ``jobpulse.sync.heartbeat()`` for a queue's job, keeping the queue's
     claim fresh: the sync twin of :func:`pulse`, with the same arguments (``redis`` is a blocking
     ``redis.Redis``; ``refresh`` None: the queue has no claim to keep). The claim is refreshed
     only while the heartbeat holds its lease: an orphaned body never keeps it. ``watch`` is
-    passed to :func:`keep_claim_sync`."""
+    passed to :func:`keep_claim_sync`.
+
+    With ``options.sidecar`` the job's beats go out from the sidecar helper process, and so
+    does the claim's refresh when ``claim`` is given (else ``refresh`` runs here, in a thread).
+    Until the heartbeat is entered (the helper started, the lease acquired, the helper's
+    refresh begun) ``refresh`` runs here: the claim is never left without a refresh between
+    the queue's hand-over and the helper's first one.
+    """
     job_id = job_id_for(queue_job_id)
     client = options.redis if options.redis is not None else redis
-    deadline = time.monotonic() + options.claim_ttl
-    first: HolderView | None = None
-    reader: SyncStatusReader | None = None
-    while True:
-        hb = sync_heartbeat(
-            client,
-            job_id,
-            interval=options.interval,
-            ttl=options.ttl,
-            namespace=options.namespace,
-            kind=kind_for(task_name),
-            sidecar=False,  # the integrations' use of the sidecar: a follow-up (issue 29)
-        )
-        assert isinstance(hb, SyncHeartbeat)
-        try:
-            hb.__enter__()
-        except JobBusy:
-            if reader is None:
-                reader = SyncStatusReader(client, namespace=options.namespace, cache_ttl=0)
-            view = _holder_sync(reader, job_id)
-            first = first or view
-            if time.monotonic() >= deadline or (view and first and holder_alive(first, view)):
-                raise
-            time.sleep(retry_after(options.interval))
-            continue
-        break
+    keeper = claim if options.sidecar else None
+    entering: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+    if keeper is not None:
+        if refresh is not None:
+            entering = keep_claim_sync(refresh, options.interval, job_id=job_id)
+        refresh = None  # the helper refreshes the claim
+    with entering:
+        hb = _enter_sync(options, client, job_id, task_name, keeper)
 
     def holds() -> bool:  # the lease is neither lost nor past its deadline
         return hb.lease_held
@@ -493,6 +581,40 @@ def pulse_sync(
         raise
     else:
         hb.__exit__(None, None, None)
+
+
+def _enter_sync(
+    options: PulseOptions, client: Any, job_id: str, task_name: str, keeper: HelperClaim | None
+) -> SyncHeartbeat | SidecarHeartbeat:
+    """Enter the job's heartbeat for :func:`pulse_sync`: a ``JobBusy`` of a holder that is not
+    (or no longer) alive is waited out, up to the claim's TTL."""
+    deadline = time.monotonic() + options.claim_ttl
+    first: HolderView | None = None
+    reader: SyncStatusReader | None = None
+    while True:
+        hb = sync_heartbeat(
+            client,
+            job_id,
+            interval=options.interval,
+            ttl=options.ttl,
+            namespace=options.namespace,
+            kind=kind_for(task_name),
+            sidecar=options.sidecar,
+        )
+        if keeper is not None and isinstance(hb, SidecarHeartbeat):
+            hb.keep(keeper)
+        try:
+            hb.__enter__()
+        except JobBusy:
+            if reader is None:
+                reader = SyncStatusReader(client, namespace=options.namespace, cache_ttl=0)
+            view = _holder_sync(reader, job_id)
+            first = first or view
+            if time.monotonic() >= deadline or (view and first and holder_alive(first, view)):
+                raise
+            time.sleep(retry_after(options.interval))
+            continue
+        return hb
 
 
 def leave_recorded(stack: contextlib.ExitStack, exc: BaseException | None, job_id: str) -> None:

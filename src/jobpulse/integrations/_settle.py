@@ -25,13 +25,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from .._worker.heartbeat import JobHeartbeat
 from ..errors import JobCancelled
-from ._common import PulseOptions, hold_back, pulse
+from ._common import AsyncPulse, HelperClaim, PulseOptions, hold_back, pulse
 
 __all__ = ["SettledRun"]
 
@@ -51,6 +51,8 @@ class SettledRun:
         settle: True when the queue's after-hook will call :meth:`queue_stored`; False ends
             the heartbeat as the body ends (the hook is not installed).
         wait: the longest the end waits for the hook (seconds).
+        sidecar, claim: passed to :func:`~._common.pulse` (a task run in a thread: beats, and
+            the claim's refresh, from the sidecar helper).
     """
 
     def __init__(
@@ -60,17 +62,22 @@ class SettledRun:
         queue_job_id: str | bytes,
         task_name: str,
         refresh: Callable[[], Awaitable[object]] | None,
-        body: Callable[[JobHeartbeat], Awaitable[Any]],
+        body: Callable[[AsyncPulse], Awaitable[Any]],
         *,
         settle: bool,
         wait: float,
+        sidecar: bool = False,
+        claim: HelperClaim | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()
         self._outcome: asyncio.Future[Any] = loop.create_future()
         self._stored = asyncio.Event()
         self._settle = settle
         self._wait = wait
-        run = self._host(options, redis, queue_job_id, task_name, refresh, body)
+        pulsed = functools.partial(
+            pulse, options, redis, queue_job_id, task_name, refresh, sidecar=sidecar, claim=claim
+        )
+        run = self._host(pulsed, body)
         self.host: asyncio.Task[Any] = loop.create_task(run)
         # What the host raised reached the queue through the outcome, or is logged by
         # finished(): never "Task exception was never retrieved" when no hook comes.
@@ -109,15 +116,11 @@ class SettledRun:
 
     async def _host(
         self,
-        options: PulseOptions,
-        redis: Any,
-        queue_job_id: str | bytes,
-        task_name: str,
-        refresh: Callable[[], Awaitable[object]] | None,
-        body: Callable[[JobHeartbeat], Awaitable[Any]],
+        pulsed: Callable[[], contextlib.AbstractAsyncContextManager[AsyncPulse]],
+        body: Callable[[AsyncPulse], Awaitable[Any]],
     ) -> Any:
         try:
-            async with pulse(options, redis, queue_job_id, task_name, refresh) as hb:
+            async with pulsed() as hb:
                 try:
                     value = await body(hb)
                 except Exception as exc:
@@ -140,7 +143,7 @@ class SettledRun:
             self._outcome.set_result(value)
         return value
 
-    def _decided(self, hb: JobHeartbeat, exc: Exception | None) -> bool:
+    def _decided(self, hb: AsyncPulse, exc: Exception | None) -> bool:
         """May the outcome go to the queue before the heartbeat's end is written? Only when the
         hook will come, the lease is held and no cancel is under way (a cancel or a lost lease
         changes what the heartbeat raises, so the queue must record that instead)."""

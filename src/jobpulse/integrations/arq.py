@@ -19,6 +19,11 @@ Cancel: arq's own ``Job.abort()`` cancels the task, which ends the jobpulse job 
 records its aborted result (``CancelledError``). ``jobpulse.request_cancel()`` cancels the body;
 the job is then aborted through arq's own abort set, so arq records the same aborted result.
 For that the settings get ``allow_abort_jobs = True`` unless they set it themselves.
+
+Beats: arq runs only ``async def`` functions, in its event loop, so every job beats from that
+loop (no sidecar: there is no task of arq's in a thread whose GIL hold could starve it). A job
+that calls blocking code should hand it to a thread itself and keep the loop free; a body that
+blocks the loop for longer than ``ttl`` is read STALE meanwhile.
 """
 
 from __future__ import annotations
@@ -35,9 +40,8 @@ from arq.worker import Function, func
 if TYPE_CHECKING:
     from arq.typing import WorkerCoroutine
 
-from .._worker.heartbeat import JobHeartbeat
 from ..errors import JobCancelled
-from ._common import WRAPPED, PulseOptions
+from ._common import WRAPPED, AsyncPulse, PulseOptions
 from ._settle import SettledRun
 
 __all__ = ["instrument", "instrument_function"]
@@ -86,7 +90,7 @@ def instrument_function(
             # PEXPIRE never creates the key: once arq deleted it at the end, this is a no-op.
             await queue.pexpire(key, claim_ms)
 
-        async def body(hb: JobHeartbeat) -> Any:
+        async def body(hb: AsyncPulse) -> Any:
             return await inner(ctx, *args, **kwargs)
 
         hooked = bool(ctx.get(_HOOKED))

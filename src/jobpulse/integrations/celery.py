@@ -28,6 +28,10 @@ runs and nothing is redelivered.
 Order: Celery stores the result, then sends ``task_postrun``, where jobpulse writes the final
 state.
 
+Sidecar (the default): the task's beats and that re-score go out from jobpulse's helper process
+(one per process that runs tasks, ending with it), so a task that holds the GIL is neither read
+STALE nor restored; ``sidecar=False`` sends both from threads of the task's process.
+
 Cancel: ``jobpulse.request_cancel()`` reaches the task through ``current().check()``, which
 raises ``JobCancelled``; Celery records the task FAILURE with that exception (acked, not
 retried unless the task's own ``autoretry_for`` says so) and jobpulse records CANCELLED.
@@ -42,6 +46,7 @@ sweeper claims it.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -55,7 +60,14 @@ from celery import Celery, signals  # type: ignore[import-untyped]
 
 from .._protocol.ratelimit import RateLimitedLog
 from ..errors import JobBusy, JobCancelled
-from ._common import PulseOptions, leave_recorded, pulse_sync, refresh_delays
+from ._common import (
+    HelperClaim,
+    PulseOptions,
+    job_id_for,
+    leave_recorded,
+    pulse_sync,
+    refresh_delays,
+)
 
 __all__ = ["instrument"]
 
@@ -170,14 +182,37 @@ class _Instrumented:
         if rescore is not None:
             rescore(tags)
 
-    def refresher(self, task: Any) -> Any:
-        """The re-score of this delivery's ``unacked_index`` entry, or None (not Redis)."""
-        if not self.redis_transport:
+    def broker(self) -> Any:
+        """A ``redis.Redis`` for the broker's URL, for the sidecar helper to rebuild (no
+        connection is made here), or None: kombu's transport only (``sentinel://``)."""
+        url = _client_url(str(self.app.conf.broker_url or ""))
+        if url is None:
             return None
+        return redis_sync.Redis.from_url(url, socket_timeout=_SOCKET_TIMEOUT)
+
+    def refresher(self, task: Any) -> tuple[Any, HelperClaim | None]:
+        """The re-score of this delivery's ``unacked_index`` entry through kombu's channel
+        (None: not Redis), and the same re-score for the sidecar helper to run (None: no
+        sidecar, or the helper cannot rebuild the broker's client; the worker re-scores)."""
+        if not self.redis_transport:
+            return None, None
         tag = (getattr(task.request, "properties", None) or {}).get("delivery_tag")
         if tag is None:
-            return None
-        return lambda: self.rescore([tag])
+            return None, None
+        claim = None
+        broker = self.broker() if self.options.sidecar else None
+        if broker is not None:
+            topts = dict(self.app.conf.broker_transport_options or {})
+            key = str(topts.get("global_keyprefix", "")) + str(
+                topts.get("unacked_index_key", "unacked_index")
+            )
+            vt = float(topts.get("visibility_timeout", 3600))
+            behind = max(0.0, vt - self.options.claim_ttl)
+            rescore = functools.partial(_rescore, key, str(tag), behind)
+            claim = HelperClaim.of(
+                broker, rescore, self.options.interval, job_id_for(task.request.id)
+            )
+        return (lambda: self.rescore([tag])), claim
 
     def received(self, request: Any) -> None:
         """The consumer received ``request``: keep its delivery fresh until it is acknowledged
@@ -223,9 +258,10 @@ class _Instrumented:
         # duplicate, so its end is waited for (up to ttl + interval) rather than refused.
         replaces = bool(getattr(task.request, "replaced_task_nesting", 0))
         deadline = time.monotonic() + self.options.claim_ttl
+        refresh, claim = self.refresher(task)
         while True:
             pulse = pulse_sync(
-                self.options, self.client(), task_id, task.name, self.refresher(task)
+                self.options, self.client(), task_id, task.name, refresh, claim=claim
             )
             try:
                 stack.enter_context(pulse)
@@ -267,6 +303,12 @@ _NOT_REDIS = (
 )
 
 
+def _rescore(key: str, tag: str, behind: float, broker: Any) -> None:
+    """Re-score a delivery's ``unacked_index`` entry to ``now - behind`` (in the worker, or in
+    the sidecar helper). XX: never re-creates an entry kombu removed (acked, or restored)."""
+    broker.zadd(key, {tag: time.time() - behind}, xx=True)
+
+
 def _interrupted(exc: BaseException | None) -> JobCancelled:
     """The cancellation recorded for a task whose body was interrupted by ``exc``."""
     what = "" if exc is None else f" by {type(exc).__name__}({exc})"
@@ -283,6 +325,7 @@ def instrument(
     ttl: float = 6.0,
     namespace: str = "jobpulse",
     redis: Any = None,
+    sidecar: bool = True,
 ) -> Celery:
     """Instrument a Celery app: every task it runs goes under a ``jobpulse.sync`` heartbeat.
 
@@ -297,6 +340,12 @@ def instrument(
         redis: the ``redis.Redis`` client jobpulse writes to; None uses one from the broker URL
             (which must then be ``redis://``, ``rediss://`` or ``unix://``; a ``sentinel://``
             broker needs ``redis=``).
+        sidecar: True (the default): each task's beats, and the refresh of its
+            ``unacked_index`` entry, go out from jobpulse's helper process (one per worker
+            process), so a body that holds the GIL delays neither; False: from threads of the
+            worker process. With True, ``redis`` must be a client jobpulse can rebuild there
+            (a plain ``redis.Redis``; TypeError here otherwise). A broker the helper cannot
+            reach from its URL (``sentinel://``) is re-scored from the worker process.
 
     Returns:
         The app.
@@ -306,7 +355,9 @@ def instrument(
             URL is not ``redis://``, ``rediss://`` or ``unix://`` (``redis+socket://``) (checked
             here, before any Redis command).
     """
-    options = PulseOptions(interval=interval, ttl=ttl, namespace=namespace, redis=redis)
+    options = PulseOptions(
+        interval=interval, ttl=ttl, namespace=namespace, redis=redis, sidecar=sidecar
+    )
     if getattr(app, "_jobpulse", None) is not None:
         return app
     if redis is None and _client_url(str(app.conf.broker_url or "")) is None:

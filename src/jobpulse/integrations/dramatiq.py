@@ -25,6 +25,10 @@ at a maintenance run. A live process's messages are therefore never requeued, so
 claim for jobpulse to refresh; a SIGKILLed worker's messages are requeued once, by Dramatiq,
 ``heartbeat_timeout`` after it died, and the next attempt takes the job over (``resume_from``).
 
+Sidecar (the default): the message's beats go out from jobpulse's helper process (one per worker
+process, ending with it), so an actor that holds the GIL is never read STALE; ``sidecar=False``
+beats from a thread of the worker process. (Dramatiq's own heartbeat stops during such a hold.)
+
 Cancel: ``jobpulse.request_cancel()`` reaches the actor through ``current().check()``, which
 raises ``JobCancelled``; the message is failed without a retry (``JobCancelled`` is added to its
 ``throws``), so Dramatiq dead-letters it and the Results middleware stores the exception, and
@@ -138,6 +142,7 @@ def instrument(
     ttl: float = 6.0,
     namespace: str = "jobpulse",
     redis: Any = None,
+    sidecar: bool = True,
 ) -> JobpulseMiddleware:
     """Instrument a Dramatiq broker: every message it runs goes under a heartbeat.
 
@@ -149,6 +154,10 @@ def instrument(
         ttl: the heartbeat's lease time (a dead worker's message is STALE after at most ``ttl``).
         namespace: jobpulse's key prefix.
         redis: the ``redis.Redis`` client jobpulse writes to; None uses the Redis broker's client.
+        sidecar: True (the default): each message's beats go out from jobpulse's helper
+            process (one per worker process), so a body that holds the GIL cannot delay them;
+            False: from a thread of the worker process. With True, ``redis`` must be a client
+            jobpulse can rebuild there (a plain ``redis.Redis``; TypeError here otherwise).
 
     Returns:
         The middleware added to the broker.
@@ -157,7 +166,9 @@ def instrument(
         ValueError, TypeError: an option is out of range, or the broker is not a Redis broker
             and ``redis`` is None (checked here, before any Redis command).
     """
-    options = PulseOptions(interval=interval, ttl=ttl, namespace=namespace, redis=redis)
+    options = PulseOptions(
+        interval=interval, ttl=ttl, namespace=namespace, redis=redis, sidecar=sidecar
+    )
     for existing in broker.middleware:
         if isinstance(existing, JobpulseMiddleware):
             return existing

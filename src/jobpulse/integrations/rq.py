@@ -19,10 +19,14 @@ Claim: RQ takes a job as abandoned once its StartedJobRegistry entry expires (th
 process refreshes it every ``job_monitoring_interval``, with a TTL of that plus 60 s); the next
 maintenance run (every ``maintenance_interval``, 10 min by default) of any worker then retries
 it (``retries_left``) or fails it with ``AbandonedJobError``. With this worker class the entry's
-TTL is ``ceil(ttl + interval) + 1`` seconds and the heartbeat refreshes it every ``interval`` from
-the work horse while it holds the lease, so a dead job is abandoned seconds after its horse died.
+TTL is ``ceil(ttl + interval) + 1`` seconds and it is refreshed every ``interval`` while the
+heartbeat holds the lease, so a dead job is abandoned seconds after its horse died.
 The worker's own key keeps RQ's ``job_monitoring_interval + 60`` seconds while a job runs, so a
 busy worker stays in RQ's worker registry.
+
+Sidecar (the default): the job's beats and that refresh go out from jobpulse's helper process,
+started by the work horse and ending with it, so a job that holds the GIL in the horse is never
+abandoned for it; ``sidecar=False`` sends both from threads of the horse.
 
 Owner death: the work horse holds the heartbeat, and it belongs to the worker's main process.
 When the main process dies (SIGKILL), the horse notices within ``interval`` (its parent changed)
@@ -37,14 +41,17 @@ Cancel: ``jobpulse.request_cancel()`` reaches the job through ``current().check(
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 from typing import Any
 
+from rq.executions import Execution
 from rq.job import Job
+from rq.registry import StartedJobRegistry
 from rq.worker import Worker
 
-from ._common import PulseOptions, leave_recorded, pulse_sync
+from ._common import HelperClaim, PulseOptions, job_id_for, leave_recorded, pulse_sync
 
 __all__ = ["worker_class"]
 
@@ -56,6 +63,7 @@ def worker_class(
     ttl: float = 6.0,
     namespace: str = "jobpulse",
     redis: Any = None,
+    sidecar: bool = True,
 ) -> type[Worker]:
     """An RQ worker class (a subclass of ``base``) that runs every job under a heartbeat.
 
@@ -67,6 +75,11 @@ def worker_class(
             seconds.
         namespace: jobpulse's key prefix.
         redis: the ``redis.Redis`` client jobpulse writes to; None uses the worker's connection.
+        sidecar: True (the default): each job's beats, and the refresh of its
+            StartedJobRegistry entry, go out from jobpulse's helper process (one per work
+            horse), so a body that holds the GIL delays neither; False: from threads of the
+            work horse. With True, ``redis`` must be a client jobpulse can rebuild there (a
+            plain ``redis.Redis``; TypeError here otherwise).
 
     Returns:
         The worker class, to pass as ``rq worker -w`` or to instantiate.
@@ -74,7 +87,9 @@ def worker_class(
     Raises:
         ValueError, TypeError: an option is out of range (checked here, before any Redis command).
     """
-    options = PulseOptions(interval=interval, ttl=ttl, namespace=namespace, redis=redis)
+    options = PulseOptions(
+        interval=interval, ttl=ttl, namespace=namespace, redis=redis, sidecar=sidecar
+    )
     claim = math.ceil(options.claim_ttl) + 1
 
     class JobpulseWorker(base):  # type: ignore[valid-type,misc]
@@ -108,10 +123,15 @@ def worker_class(
                     execution.heartbeat(job.started_job_registry, claim, pipeline=pipe)
                     pipe.execute()
 
+            beat = functools.partial(_heartbeat, job.id, execution.id, job.origin, claim)
+            kept = HelperClaim.of(connection, beat, options.interval, job_id_for(job.id))
+
             def run() -> Any:
                 name = job.func_name or ""
                 held.enter_context(
-                    pulse_sync(options, connection, job.id, name, refresh, watch=orphaned)
+                    pulse_sync(
+                        options, connection, job.id, name, refresh, watch=orphaned, claim=kept
+                    )
                 )
                 try:
                     value = perform()
@@ -129,3 +149,12 @@ def worker_class(
                 leave_recorded(held, ended[0] if ended else None, job.id)
 
     return JobpulseWorker
+
+
+def _heartbeat(job_id: str, execution_id: str, origin: str, ttl: int, connection: Any) -> None:
+    """(In the sidecar helper) RQ's own refresh of an execution's StartedJobRegistry entry,
+    rebuilt from ids: what ``Execution.heartbeat`` does in the work horse."""
+    execution = Execution(id=execution_id, job_id=job_id, connection=connection)
+    with connection.pipeline() as pipe:
+        execution.heartbeat(StartedJobRegistry(origin, connection=connection), ttl, pipeline=pipe)
+        pipe.execute()

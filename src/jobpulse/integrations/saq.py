@@ -12,6 +12,10 @@ time is refreshed every ``interval`` seconds: SAQ's sweep treats an ACTIVE job u
 ``heartbeat`` seconds as stuck (aborts and retries it), so a live job is never swept, and a job
 can be enqueued with a short ``heartbeat`` so a dead worker's job is swept soon.
 
+A plain ``def`` function (SAQ runs it in a thread) beats from jobpulse's sidecar helper process
+(``sidecar=True``, the default), which also refreshes the job's ``touched`` time: a body holding
+the GIL stops this worker's event loop, but not the helper.
+
 Cancel: SAQ's own ``job.abort()`` cancels the task, which ends the jobpulse job CANCELLED, and
 SAQ records ABORTED. ``jobpulse.request_cancel()`` cancels the body; the job is then aborted
 through SAQ's own abort, so SAQ records ABORTED too.
@@ -21,6 +25,8 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import pickle
+import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -29,9 +35,8 @@ from saq.job import Job, Status
 from saq.queue.redis import RedisQueue
 from saq.utils import now
 
-from .._worker.heartbeat import JobHeartbeat
 from ..errors import JobCancelled
-from ._common import WRAPPED, PulseOptions, run_in_thread
+from ._common import WRAPPED, AsyncPulse, HelperClaim, PulseOptions, job_id_for, run_in_thread
 from ._settle import SettledRun
 
 __all__ = ["instrument", "instrument_function"]
@@ -77,14 +82,25 @@ def instrument_function(
         async def refresh() -> None:
             await _touch(queue, job)
 
-        async def body(hb: JobHeartbeat) -> Any:
+        async def body(hb: AsyncPulse) -> Any:
             if is_async:
                 return await fn(ctx, **kwargs)
             return await run_in_thread(fn, ctx, **kwargs)
 
+        sidecar = options.sidecar and not is_async  # a thread's GIL hold starves the loop
+        claim = _helper_claim(queue, job, options.interval) if sidecar else None
         hooked = bool(ctx.get(_HOOKED))
         run = SettledRun(
-            options, redis, job.id, name, refresh, body, settle=hooked, wait=options.ttl
+            options,
+            redis,
+            job.id,
+            name,
+            refresh,
+            body,
+            settle=hooked,
+            wait=options.ttl,
+            sidecar=sidecar,
+            claim=claim,
         )
         ctx[_SETTLED] = run
         try:
@@ -126,6 +142,40 @@ async def _touch(queue: Any, job: Job) -> None:
             return  # the job changed meanwhile (an abort?): the next refresh looks again
 
 
+def _helper_claim(queue: Any, job: Job, period: float) -> HelperClaim | None:
+    """The refresh of the job's ``touched`` time for the sidecar helper (a ``def`` job: its
+    thread's GIL hold stops this loop, and the refresh with it), or None when the helper cannot
+    run it (not a Redis queue, a client it cannot rebuild, a ``dump``/``load`` that does not
+    pickle): then the loop refreshes it, as for ``async def`` jobs."""
+    if not isinstance(queue, RedisQueue):
+        return None
+    touch = functools.partial(_touch_stored, job.id, queue._dump, queue._load)
+    try:
+        pickle.dumps(touch)
+    except Exception:
+        return None
+    return HelperClaim.of(queue.redis, touch, period, job_id_for(job.id))
+
+
+def _touch_stored(key: str, dump: Any, load: Any, client: Any) -> None:
+    """(In the sidecar helper, with its blocking client) :func:`_touch` on the stored job: its
+    ``touched`` time set to now, under WATCH, only while its status is ``active`` (the record is
+    SAQ's ``Job.to_dict()`` written with the queue's ``dump``; nothing else in it changes)."""
+    with client.pipeline(transaction=True) as pipe:
+        pipe.watch(key)
+        raw = pipe.get(key)
+        stored = load(raw) if raw else None
+        if not isinstance(stored, dict) or stored.get("status") != Status.ACTIVE:
+            return
+        stored["touched"] = int(time.time() * 1000)  # saq.utils.now()
+        pipe.multi()
+        pipe.set(key, dump(stored))
+        try:
+            pipe.execute()
+        except WatchError:
+            return  # the job changed meanwhile (an abort?): the next refresh looks again
+
+
 def instrument(
     settings: S,
     *,
@@ -133,6 +183,7 @@ def instrument(
     ttl: float = 6.0,
     namespace: str = "jobpulse",
     redis: Any = None,
+    sidecar: bool = True,
 ) -> S:
     """Instrument SAQ worker settings: every function in ``functions`` runs under a heartbeat.
 
@@ -147,6 +198,12 @@ def instrument(
         ttl: the heartbeat's lease time.
         namespace: jobpulse's key prefix.
         redis: the ``redis.asyncio`` client for jobpulse; None uses the Redis queue's client.
+        sidecar: True (the default): a plain ``def`` function (SAQ runs it in a thread) gets its
+            beats, and its ``touched`` refresh, from jobpulse's helper process, so a body that
+            holds the GIL delays neither; ``async def`` functions beat from the loop whatever
+            this says. False: every job beats from the loop. With True, ``redis`` must be a
+            client jobpulse can rebuild there (a plain ``redis.asyncio.Redis``; TypeError here
+            otherwise).
 
     Returns:
         The settings, instrumented.
@@ -154,7 +211,9 @@ def instrument(
     Raises:
         ValueError, TypeError: an option is out of range (checked here, before any Redis command).
     """
-    options = PulseOptions(interval=interval, ttl=ttl, namespace=namespace, redis=redis)
+    options = PulseOptions(
+        interval=interval, ttl=ttl, namespace=namespace, redis=redis, sidecar=sidecar
+    )
     if not isinstance(settings, dict):
         raise TypeError(f"settings must be a SAQ settings dict, got {type(settings).__name__}")
     functions = [instrument_function(f, options) for f in settings["functions"]]

@@ -16,6 +16,10 @@ ahead that wait for a slot (``xread_count``, 100 by default). The broker's ``XAU
 only entries idle for ``idle_timeout``, so a live worker's deliveries are never delivered twice
 and ``idle_timeout`` can be short; a dead worker's are handed on ``idle_timeout`` after it died.
 
+A plain ``def`` task (taskiq runs it in a thread) beats from jobpulse's sidecar helper process
+(``sidecar=True``, the default), which also re-claims that task's stream entry: a body holding
+the GIL stops this worker's event loop, and with it the keeper, but not the helper.
+
 Cancel: taskiq has no cancelled state. ``jobpulse.request_cancel()`` cancels the body, jobpulse
 records CANCELLED, and taskiq records an error result whose error is ``JobCancelled`` (the
 message is acknowledged as for any finished task, so it is not delivered again).
@@ -35,8 +39,16 @@ from redis.asyncio import Redis
 from taskiq import AsyncBroker, TaskiqMessage, TaskiqMiddleware, TaskiqResult
 from taskiq_redis import RedisStreamBroker
 
-from .._worker.heartbeat import JobHeartbeat
-from ._common import WRAPPED, ClaimHold, PulseOptions, keep_claim, run_in_thread
+from ._common import (
+    WRAPPED,
+    AsyncPulse,
+    ClaimHold,
+    HelperClaim,
+    PulseOptions,
+    job_id_for,
+    keep_claim,
+    run_in_thread,
+)
 from ._settle import SettledRun
 
 __all__ = ["JobpulseMiddleware", "instrument"]
@@ -131,6 +143,7 @@ def instrument(
     ttl: float = 6.0,
     namespace: str = "jobpulse",
     redis: Any = None,
+    sidecar: bool = True,
 ) -> AsyncBroker:
     """Instrument a taskiq broker: every task runs under a heartbeat.
 
@@ -145,6 +158,12 @@ def instrument(
         namespace: jobpulse's key prefix.
         redis: the ``redis.asyncio`` client for jobpulse; None uses the broker's connection pool
             (required for a broker that is not a taskiq-redis broker).
+        sidecar: True (the default): a plain ``def`` task (taskiq runs it in a thread) gets its
+            beats, and its stream entry's refresh, from jobpulse's helper process, so a body
+            that holds the GIL delays neither; ``async def`` tasks beat from the loop whatever
+            this says. False: every task beats from the loop. With True, ``redis`` must be a
+            client jobpulse can rebuild there (a plain ``redis.asyncio.Redis``; TypeError here
+            otherwise).
 
     Returns:
         The broker, instrumented.
@@ -152,7 +171,9 @@ def instrument(
     Raises:
         ValueError, TypeError: an option is out of range (checked here, before any Redis command).
     """
-    options = PulseOptions(interval=interval, ttl=ttl, namespace=namespace, redis=redis)
+    options = PulseOptions(
+        interval=interval, ttl=ttl, namespace=namespace, redis=redis, sidecar=sidecar
+    )
     if redis is None and not isinstance(broker, RedisStreamBroker):
         raise TypeError("jobpulse.integrations.taskiq needs redis= for a non-Redis-stream broker")
     broker.add_middlewares(JobpulseMiddleware(options))
@@ -178,15 +199,28 @@ def _wrap(fn: Callable[..., Any], name: str, middleware: JobpulseMiddleware) -> 
         keeper = middleware.keeper
         task_id = message.task_id
 
-        async def body(hb: JobHeartbeat) -> Any:
+        async def body(hb: AsyncPulse) -> Any:
             if keeper is None:
                 return await _call(fn, is_async, args, kwargs)
             with keeper.running(task_id, lambda: hb.lease_held):
                 return await _call(fn, is_async, args, kwargs)
 
         options = middleware.options
+        sidecar = options.sidecar and not is_async  # a thread's GIL hold starves the loop
+        claim = None
+        if sidecar and keeper is not None:
+            claim = await keeper.helper_claim(task_id, options.interval)
         settled = SettledRun(
-            options, middleware.redis, task_id, name, None, body, settle=True, wait=options.ttl
+            options,
+            middleware.redis,
+            task_id,
+            name,
+            None,
+            body,
+            settle=True,
+            wait=options.ttl,
+            sidecar=sidecar,
+            claim=claim,
         )
         middleware.settling(message, settled)
         return await settled.result(_shielded)
@@ -244,6 +278,24 @@ class _DeliveryKeeper:
         finally:
             self._running.pop(task_id, None)
 
+    async def helper_claim(self, task_id: str, period: float) -> HelperClaim | None:
+        """The refresh of ``task_id``'s stream entries for the sidecar helper (a task run in a
+        thread, whose GIL hold stops this loop, and with it :meth:`refresh`): the entries
+        pending for this consumer whose message is the task's, found now. None when there is
+        none (not delivered through the stream) or the helper cannot rebuild the client."""
+        b = self._broker
+        entries: list[tuple[str, bytes]] = []
+        for stream in self._streams:
+            ids = await self._pending(stream)
+            await self._learn(stream, [i for i in ids if i not in self._task_of])
+            entries += [(stream, i) for i in ids if self._task_of.get(i) == task_id]
+        if not entries:
+            return None
+        touch = functools.partial(
+            _touch_entries, b.consumer_group_name, b.consumer_name, tuple(entries)
+        )
+        return HelperClaim.of(self._redis, touch, period, job_id_for(task_id))
+
     def _holds(self, entry_id: bytes) -> bool:
         task_id = self._task_of.get(entry_id)
         run = self._running.get(task_id) if task_id is not None else None
@@ -288,6 +340,15 @@ class _DeliveryKeeper:
         for entry_id, rows in zip(ids, entries, strict=True):
             data = rows[0][1].get(b"data") if rows else None
             self._task_of[entry_id] = None if data is None else _task_id(self._broker, data)
+
+
+def _touch_entries(
+    group: str, consumer: str, entries: tuple[tuple[str, bytes], ...], client: Any
+) -> None:
+    """(In the sidecar helper, with its blocking client) re-claim one task's entries, as
+    :meth:`_DeliveryKeeper.refresh` does: only while still pending for ``consumer``."""
+    for stream, entry_id in entries:
+        client.eval(_TOUCH, 1, stream, group, consumer, entry_id)
 
 
 def _task_id(broker: AsyncBroker, data: bytes) -> str | None:

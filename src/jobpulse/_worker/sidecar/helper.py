@@ -92,8 +92,8 @@ class _Helper:
         elif kind == "client":
             self.factories[message[1]] = message[2]
         elif kind == "start":
-            _, rid, key, cid, job_id, options, cell = message
-            self.spawn(self.start(rid, key, cid, job_id, options, cell))
+            _, rid, key, cid, job_id, options, cell, keeper = message
+            self.spawn(self.start(rid, key, cid, job_id, options, cell, keeper))
         elif kind == "stage":
             job = self.jobs.get(message[1])
             if job is not None:
@@ -129,6 +129,7 @@ class _Helper:
         job_id: str,
         options: dict[str, Any],
         cell: ProgressCell,
+        keeper: Any,
     ) -> None:
         try:
             client = self.client(cid)
@@ -140,7 +141,7 @@ class _Helper:
         except BaseException as exc:
             self.reply(rid, None, exc)
             return
-        job = self.jobs[key] = _Job(hb, self.loop.create_future())
+        job = self.jobs[key] = _Job(hb, self.loop.create_future(), keeper)
         try:
             await job.run(self, rid, key, cell)
         finally:
@@ -161,8 +162,11 @@ class _Helper:
 class _Job:
     """One job of the owner, run by the asyncio heartbeat in this loop."""
 
-    def __init__(self, hb: JobHeartbeat, ended: asyncio.Future[tuple[Any, ...]]) -> None:
+    def __init__(
+        self, hb: JobHeartbeat, ended: asyncio.Future[tuple[Any, ...]], keeper: Any = None
+    ) -> None:
         self.hb = hb
+        self.keeper = keeper  # a job.Keeper, or None
         self.ended = ended
         self.end_rid = 0
         self.raised: BaseException | None = None  # what our body raised for the owner
@@ -178,7 +182,11 @@ class _Job:
                 own._unlink()
                 started = True
                 helper.reply(rid, (hb.fence, hb.attempt, hb.resume_from, hb.statistics()))
-                await self.body(helper, key)
+                if self.keeper is None:
+                    await self.body(helper, key)
+                else:
+                    async with self.keeper.keep(self.holds):
+                        await self.body(helper, key)
         except BaseException as exc:
             if not started:
                 helper.reply(rid, None, exc)
@@ -189,6 +197,10 @@ class _Job:
             helper.reply(self.end_rid, self.verdict(exc))
             return
         helper.reply(self.end_rid, ("ok",))
+
+    def holds(self) -> bool:
+        """True while the job's lease is held (what the keeper asks before each refresh)."""
+        return self.hb.lease_held and not self.ended.done()
 
     async def body(self, helper: _Helper, key: int) -> None:
         """Wait for the owner's body to end, then end as it did."""

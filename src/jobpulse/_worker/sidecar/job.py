@@ -17,9 +17,11 @@ import dataclasses
 import os
 import socket
 import time
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from contextvars import Token
 from types import TracebackType
-from typing import Any
+from typing import Any, Protocol
 
 from ..._protocol.rebuild import ClientFactory, checked_factory
 from ...errors import JobCancelled, LeaseLost, LeaseLostCause, StateNotWritten
@@ -31,11 +33,24 @@ from ..shell import HeartbeatStatistics
 from ..stats import WORKER_STATS, notify
 from .channel import Channel, HelperDied, channel
 
-__all__ = ["AsyncSidecarHeartbeat", "SidecarHeartbeat", "SidecarJob"]
+__all__ = ["AsyncSidecarHeartbeat", "Keeper", "SidecarHeartbeat", "SidecarJob"]
 
 _HELPER_SLACK = 10.0
 """Seconds an owner waits for its helper beyond the helper's own bound (start-up, a loaded
 machine) before it gives up on an answer: a hung helper never hangs the owner for ever."""
+
+
+class Keeper(Protocol):
+    """Work the helper does beside a job's beats (a queue integration's claim refresh).
+
+    A picklable object (its class importable by module path): the helper calls
+    ``keep(holds)`` and runs the job's body inside the async context manager it returns, in the
+    helper's loop; ``holds()`` is True while the job's lease is held. It stops with the job, and
+    with the helper, which ends at its owner's death: a GIL hold or a blocked loop in the owner
+    never delays it.
+    """
+
+    def keep(self, holds: Callable[[], bool]) -> AbstractAsyncContextManager[object]: ...
 
 
 class SidecarJob:
@@ -67,6 +82,7 @@ class SidecarJob:
         self._factory = checked_factory(client_factory, redis)
         self._redis = redis
         self._options = options
+        self._keeper: Keeper | None = None
         self.job_id = self._m.job_id
         self.kind = self._m.kind
         self.progress: ProgressCell
@@ -117,6 +133,13 @@ class SidecarJob:
         """The pid of the helper process beating this job (None before enter)."""
         return None if self._channel is None else self._channel.pid
 
+    def keep(self, keeper: Keeper) -> None:
+        """Before enter: have the helper run ``keeper`` beside this job's beats (see
+        :class:`Keeper`; the queue integrations' claim refresh)."""
+        if self._entered:
+            raise RuntimeError("keep() must be called before the heartbeat is entered")
+        self._keeper = keeper
+
     def check(self) -> None:
         """Raise :class:`~jobpulse.JobCancelled` once the job must stop."""
         if self.cancelled:
@@ -165,7 +188,9 @@ class SidecarJob:
             cid = ch.client_id(self._redis, self._factory)
             self._key = ch.new_key()
             ch.jobs[self._key] = self
-            return ch.request("start", self._key, cid, self.job_id, self._options, self.progress)
+            return ch.request(
+                "start", self._key, cid, self.job_id, self._options, self.progress, self._keeper
+            )
         except BaseException:
             self._forget()
             raise
@@ -258,6 +283,14 @@ class SidecarJob:
         self.progress._cancel()
 
 
+async def _hold_back(waited: asyncio.Future[Any]) -> None:
+    """Wait for ``waited`` to end, holding back every cancel meanwhile (an anyio scope cancels
+    again at every ``await``); the caller re-raises."""
+    while not waited.done():
+        with contextlib.suppress(asyncio.CancelledError):
+            await asyncio.wait({waited})
+
+
 def body_outcome(exc: BaseException | None, *, external_cancel: bool) -> tuple[Any, ...]:
     """How the owner's body ended, as the helper replays it (pure)."""
     if exc is None:
@@ -341,12 +374,36 @@ class AsyncSidecarHeartbeat(SidecarJob):
         self._host = asyncio.current_task()
         self._loop = asyncio.get_running_loop()
         future = self._begin()
+        waiting = asyncio.ensure_future(
+            asyncio.wait_for(asyncio.wrap_future(future), self._start_limit())
+        )
         try:
-            reply = await asyncio.wait_for(asyncio.wrap_future(future), self._start_limit())
+            reply = await asyncio.shield(waiting)
+        except asyncio.CancelledError:
+            await self._abandon(waiting)
+            raise
         except BaseException as exc:
             raise self._start_failed(exc) from None
         self._started(reply)
         return self
+
+    async def _abandon(self, waiting: asyncio.Future[Any]) -> None:
+        """The enter was cancelled while the helper takes the lease (a queue's timeout): the
+        helper starts the job all the same, so wait for its answer and end the job CANCELLED
+        (every further cancel held back meanwhile), never leaving it beaten RUNNING, its lease
+        held, for as long as this process lives. The caller re-raises the cancellation."""
+        await _hold_back(waiting)
+        if waiting.cancelled() or waiting.exception() is not None:
+            self._forget()  # not started (or the helper is gone): nothing to end
+            return
+        self._started(waiting.result())
+        ending = asyncio.ensure_future(
+            asyncio.wait_for(asyncio.wrap_future(self._end(("cancel",))), self._exit_limit())
+        )
+        await _hold_back(ending)
+        if not ending.cancelled():
+            ending.exception()  # retrieved: the cancellation is what the caller raises
+        self._forget()
 
     async def __aexit__(
         self,

@@ -1,0 +1,361 @@
+"""The checker: pure code that holds a history (:mod:`tests.nemesis.history`) against the promises
+of docs/reliability.md and returns every violation, each with the records that break the rule.
+
+Times are ``t`` (one monotonic clock for every process of the run). A fault record carries the
+window ``[start, end]`` it lasted; the faults that may legitimately make a live worker's job read
+STALE (a stopped or GIL-holding process, Redis unreachable for long, data lost, the server asleep)
+excuse a STALE verdict from their start until ``ttl`` + ``grace`` after their end. Nothing excuses
+the other rules, except data loss (and a rollback) where a rule says so: lost data is gone.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections import defaultdict
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+from .history import Record
+
+TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "LOST"})
+# Faults that may make a live worker's job read STALE: on the worker's process (target = its
+# pid) or on Redis / the network of every worker (target "redis" / "net").
+# A GIL hold excuses nothing for a job beaten by the sidecar helper (it beats from its own process);
+# a killed helper leaves its owner alive, its job unbeaten until the owner learns it.
+EXCUSE_STALE = frozenset({"stop", "gil", "blackhole", "restart", "rollback", "sleep",
+                          "sidecar_kill"})  # fmt: skip
+DATA_LOSS = frozenset({"restart", "rollback"})
+
+RULES = (
+    "live-never-stale",
+    "dead-stale-within-ttl",
+    "claimed-once",
+    "delivered-until-acked",
+    "dead-job-claimed",
+    "fenced-out-never-writes",
+    "final-never-overwritten",
+    "reader-monotonic",
+    "queue-no-overlap",
+    "queue-completed-not-rerun",
+    "checkpoint-kept",
+)
+
+
+@dataclass(frozen=True)
+class Limits:
+    """What the rules allow: the jobs' ``ttl``, the readers' ``cache_ttl``, ``grace`` for one
+    read's or one beat's own time, ``claim_within``: how long after a worker's death a sweeper
+    must have delivered its job."""
+
+    ttl: float
+    cache_ttl: float = 0.5
+    grace: float = 1.0
+    claim_within: float = 3.0
+
+
+@dataclass
+class Violation:
+    rule: str
+    message: str
+    records: list[Record] = field(default_factory=list)
+
+    @property
+    def jobs(self) -> set[str]:
+        return {r["job"] for r in self.records if "job" in r}
+
+
+def check(history: Sequence[Record], limits: Limits) -> list[Violation]:
+    """Every violation of every rule in ``history`` (records in ``t`` order)."""
+    h = _Index(history, limits)
+    out: list[Violation] = []
+    for rule in (h.live_never_stale, h.dead_stale_within_ttl, h.claimed_once,
+                 h.delivered_until_acked, h.dead_job_claimed, h.fenced_out_never_writes,
+                 h.final_never_overwritten, h.reader_monotonic, h.queue_no_overlap,
+                 h.queue_completed_not_rerun, h.checkpoint_kept):  # fmt: skip
+        out.extend(rule())
+    return out
+
+
+class _Index:
+    def __init__(self, history: Sequence[Record], limits: Limits) -> None:
+        self.h = list(history)
+        self.lim = limits
+        self.by_op: dict[str, list[Record]] = defaultdict(list)
+        for r in self.h:
+            self.by_op[r["op"]].append(r)
+        ends = self.by_op["end_faults"]
+        last = self.h[-1]["t"] if self.h else 0.0
+        self.end_faults = ends[0]["t"] if ends else last
+        self.end = last
+        self.killed: dict[int, float] = {}  # pid -> when SIGKILLed
+        self.windows: list[tuple[str, object, float, float]] = []  # kind, target, start, end
+        for f in self.by_op["fault"]:
+            if f["kind"] == "kill":
+                self.killed.setdefault(f["target"], f["start"])
+            self.windows.append((f["kind"], f["target"], f["start"], f["end"]))
+        for g in self.by_op["gil"]:
+            self.windows.append(("gil", g["pid"], g["start"], g["end"]))
+        self.acquired: dict[tuple[str, int], Record] = {}
+        self.by_attempt: dict[tuple[str, int], Record] = {}
+        for a in self.by_op["acquire"]:
+            self.acquired[(a["job"], a["fence"])] = a
+            self.by_attempt[(a["job"], a["attempt"])] = a
+        self.reads: dict[str, list[Record]] = defaultdict(list)
+        for r in self.by_op["read"]:
+            self.reads[r["job"]].append(r)
+        self.done: dict[tuple[str, int], Record] = {}  # the worker's final or lease_lost
+        for r in self.by_op["final"] + self.by_op["lease_lost"]:
+            self.done.setdefault((r["job"], r["fence"]), r)
+
+    # -- helpers
+    def _excused(self, pid: int, lo: float, hi: float, *, sidecar: bool = False) -> bool:
+        """A fault of EXCUSE_STALE on ``pid`` or on every worker overlaps [lo, hi], stretched
+        by ttl + grace after its end (a GIL hold not for a job the sidecar beats)."""
+        reach = self.lim.ttl + self.lim.grace
+        for kind, target, start, end in self.windows:
+            mine = kind in EXCUSE_STALE and target in (pid, "redis", "net")
+            mine = mine and not (sidecar and kind == "gil")
+            if mine and start <= hi and lo <= end + reach:
+                return True
+        return False
+
+    def _data_lost(self, lo: float, hi: float) -> bool:
+        return any(k in DATA_LOSS and lo <= s <= hi for k, _, s, _ in self.windows)
+
+    def _held_at_death(self) -> list[tuple[Record, float]]:
+        out = []
+        for (job, fence), acq in self.acquired.items():
+            k = self.killed.get(acq["pid"])
+            done = self.done.get((job, fence))
+            if k is not None and acq["t"] <= k and (done is None or done["t"] > k):
+                out.append((acq, k))
+        return out
+
+    # -- the rules
+    def live_never_stale(self) -> Iterable[Violation]:
+        seen: set[tuple[str, int]] = set()  # one violation per attempt: its first such read
+        for r in self.by_op["read"]:
+            if r["state"] != "STALE" or (r["job"], r["fence"]) in seen:
+                continue
+            acq = self.acquired.get((r["job"], r["fence"]))
+            if acq is None:
+                continue  # the acquire never returned to its worker: nothing to judge
+            pid = acq["pid"]
+            k = self.killed.get(pid)
+            if k is not None and k <= r["t"]:
+                continue
+            done = self.done.get((r["job"], r["fence"]))
+            if done is not None and done["t"] <= r["t0"]:
+                continue
+            lo = r["t0"] - self.lim.cache_ttl
+            if self._excused(pid, lo, r["t"], sidecar=bool(acq.get("sidecar"))):
+                continue
+            seen.add((r["job"], r["fence"]))
+            yield Violation("live-never-stale",
+                            f"job {r['job']} read STALE while its worker (pid {pid}) was alive, "
+                            "running and reachable", [acq, r])  # fmt: skip
+
+    def dead_stale_within_ttl(self) -> Iterable[Violation]:
+        bound = self.lim.ttl + self.lim.cache_ttl + self.lim.grace
+        for acq, k in self._held_at_death():
+            for r in self.reads[acq["job"]]:
+                if r["t0"] > k + bound and r["fence"] == acq["fence"] and r["state"] == "RUNNING":
+                    yield Violation("dead-stale-within-ttl",
+                                    f"job {acq['job']} still read RUNNING {r['t0'] - k:.2f} s "
+                                    f"after its worker (pid {acq['pid']}) was killed",
+                                    [acq, r])  # fmt: skip
+                    break
+
+    def claimed_once(self) -> Iterable[Violation]:
+        fences: dict[tuple[str, int], list[Record]] = defaultdict(list)
+        for d in self.by_op["deliver"]:
+            fences[(d["job"], d["attempt"])].append(d)
+        for (job, attempt), ds in fences.items():
+            if len({d["fence"] for d in ds}) > 1:
+                yield Violation("claimed-once",
+                                f"attempt {attempt} of job {job} claimed more than once "
+                                f"(fences {sorted({d['fence'] for d in ds})})", ds)  # fmt: skip
+
+    def delivered_until_acked(self) -> Iterable[Violation]:
+        acked = {(a["job"], a["attempt"], a["fence"]) for a in self.by_op["ack"]}
+        seen: set[tuple[str, int, int]] = set()
+        for d in self.by_op["deliver"]:
+            key = (d["job"], d["attempt"], d["fence"])
+            if key in acked or key in seen or d["t"] > self.end_faults:
+                continue
+            if self._data_lost(d["t"], self.end):
+                continue  # the claim was lost with the data: nothing is left to deliver
+            seen.add(key)
+            yield Violation("delivered-until-acked",
+                            f"the claim of attempt {d['attempt']} of job {d['job']} was never "
+                            "acknowledged and not delivered again until it was", [d])  # fmt: skip
+
+    def dead_job_claimed(self) -> Iterable[Violation]:
+        delivered = {(d["job"], d["attempt"]) for d in self.by_op["deliver"]}
+        reach = self.lim.ttl + self.lim.claim_within
+        for acq, k in self._held_at_death():
+            if k + reach > self.end_faults or (acq["job"], acq["attempt"]) in delivered:
+                continue
+            if self._data_lost(k - self.lim.ttl, k + reach):
+                continue  # the job itself may be gone
+            yield Violation(
+                "dead-job-claimed",
+                f"job {acq['job']} (attempt {acq['attempt']}) was held by a worker "
+                "killed at the time of the fault record, and no sweeper delivered it",
+                [acq, *[f for f in self.by_op["fault"] if f["target"] == acq["pid"]]],
+            )
+
+    def fenced_out_never_writes(self) -> Iterable[Violation]:
+        for d in self.by_op["deliver"]:
+            acq = self.by_attempt.get((d["job"], d["attempt"]))
+            if acq is not None:
+                for w in self.by_op["checkpoint"] + self.by_op["final"]:
+                    if (w["job"], w["fence"]) == (d["job"], acq["fence"]) and w["t0"] > d["t"]:
+                        yield Violation("fenced-out-never-writes",
+                                        f"a write of job {d['job']} under fence {acq['fence']} "
+                                        f"was acknowledged after the claim (fence {d['fence']})",
+                                        [acq, d, w])  # fmt: skip
+            for r in self.reads[d["job"]]:
+                later = r["t0"] > d["t"] + self.lim.cache_ttl and r["state"] != "UNKNOWN"
+                if later and r["fence"] < d["fence"] and not self._data_lost(d["t"], r["t"]):
+                    yield Violation("fenced-out-never-writes",
+                                    f"job {d['job']} read under fence {r['fence']} after "
+                                    f"the claim set fence {d['fence']}", [d, r])  # fmt: skip
+                    break
+
+    def final_never_overwritten(self) -> Iterable[Violation]:
+        """After a final state is written (the worker's final write returned) or read, every read
+        that starts later (past the readers' cache) shows it: the same state under the same fence,
+        or a later attempt after LOST. Only data lost on the server in between excuses it."""
+        ends = [{**f, "state": f["status"]} for f in self.by_op["final"]]
+        ends += [r for r in self.by_op["read"] if r["state"] in TERMINAL]
+        flagged: set[tuple[str, int]] = set()
+        for f in ends:
+            key = (f["job"], f["fence"])
+            if key in flagged:
+                continue
+            for r in self.reads[f["job"]]:
+                if r["t0"] <= f["t"] + self.lim.cache_ttl:
+                    continue
+                same = r["fence"] == f["fence"] and r["state"] == f["state"]
+                resumed = f["state"] == "LOST" and r["fence"] > f["fence"]
+                # the final write may land from its start on; a terminal read may come from
+                # the reader's cache, filled up to cache_ttl before the read started
+                since = f["t0"] - (self.lim.cache_ttl if f["op"] == "read" else 0.0)
+                if same or resumed or self._data_lost(since, r["t"]):
+                    continue
+                flagged.add(key)
+                yield Violation("final-never-overwritten",
+                                f"job {f['job']} ended {f['state']} under fence {f['fence']}, "
+                                f"then read {r['state']} under fence {r['fence']}",
+                                [f, r])  # fmt: skip
+                break
+
+    def reader_monotonic(self) -> Iterable[Violation]:
+        best: dict[tuple[str, str, str], Record] = {}
+        for r in self.by_op["read"]:
+            if r["state"] == "UNKNOWN":
+                continue
+            key = (r["proc"], r.get("reader", ""), r["job"])
+            prev = best.get(key)
+            if prev is not None and (r["fence"], r["seq"]) < (prev["fence"], prev["seq"]):
+                yield Violation("reader-monotonic",
+                                f"reader {key[0]}/{key[1]} showed job {r['job']} at "
+                                f"(fence, seq) ({r['fence']}, {r['seq']}) after "
+                                f"({prev['fence']}, {prev['seq']})", [prev, r])  # fmt: skip
+                continue
+            best[key] = r
+
+    def _executions(self) -> dict[str, list[tuple[Record, float, Record | None]]]:
+        runs: dict[str, list[tuple[Record, float, Record | None]]] = defaultdict(list)
+        ends = {(e["task"], e["pid"]): e for e in self.by_op["exec_end"]}
+        for s in self.by_op["exec_start"]:
+            e = ends.get((s["task"], s["pid"]))
+            stop = e["t"] if e else self.killed.get(s["pid"], self.end)
+            runs[s["task"]].append((s, stop, e))
+        return runs
+
+    def queue_no_overlap(self) -> Iterable[Violation]:
+        for task, runs in self._executions().items():
+            runs.sort(key=lambda x: x[0]["t"])
+            for (a, a_end, _), (b, _, _) in itertools.pairwise(runs):
+                if b["t"] < a_end and b["pid"] != a["pid"]:
+                    yield Violation("queue-no-overlap",
+                                    f"task {task} executing in pids {a['pid']} and {b['pid']} "
+                                    "at once", [a, b])  # fmt: skip
+
+    def queue_completed_not_rerun(self) -> Iterable[Violation]:
+        for task, runs in self._executions().items():
+            done = [e for _, _, e in runs if e is not None and e["outcome"] == "completed"]
+            for s, _, _ in runs:
+                if done and s["t"] > min(e["t"] for e in done):
+                    yield Violation("queue-completed-not-rerun",
+                                    f"task {task} started again after it completed",
+                                    [done[0], s])  # fmt: skip
+                    break
+
+    def checkpoint_kept(self) -> Iterable[Violation]:
+        dumps = {d["job"]: d for d in self.by_op["dump"]}
+        cps: dict[tuple[str, int], list[Record]] = defaultdict(list)
+        for c in self.by_op["checkpoint"]:
+            cps[(c["job"], c["fence"])].append(c)
+        for f in self.by_op["final"]:
+            d = dumps.get(f["job"])
+            mine = cps[(f["job"], f["fence"])]
+            if d is None or not mine or self._data_lost(f["t"], self.end):
+                continue
+            losses = [s for k, _, s, _ in self.windows if k in DATA_LOSS and s < f["t"]]
+            cut = max(losses, default=float("-inf"))
+            # After a data loss the repair beat brings back the checkpoint the worker holds
+            # then (its latest): the ones acknowledged after the loss, or else the last before.
+            after = [c for c in mine if c["t0"] >= cut]
+            need = after or [c for c in mine if c["t0"] < cut][-1:]
+            missing = [c for c in need if c["n"] not in d["checkpoints"]]
+            if missing:
+                yield Violation(
+                    "checkpoint-kept",
+                    f"checkpoint(s) {[c['n'] for c in missing]} of job {f['job']} "
+                    "were acknowledged but are not in its stream",
+                    [*missing, f, d],
+                )
+        for dl in self.by_op["deliver"]:
+            acq = self.by_attempt.get((dl["job"], dl["attempt"]))
+            mine = [c for c in cps[(dl["job"], acq["fence"])] if c["t"] < dl["t"]] if acq else []
+            if not mine:
+                continue
+            last = mine[-1]
+            if (dl["checkpoint"] is None or dl["checkpoint"] < last["n"]) and not self._data_lost(
+                last["t0"], dl["t"]
+            ):
+                yield Violation("checkpoint-kept",
+                                f"the claim of job {dl['job']} carries checkpoint "
+                                f"{dl['checkpoint']}, its worker saw {last['n']} acknowledged",
+                                [last, dl])  # fmt: skip
+
+
+def report(seed: int, schedule: Sequence[Record], history: Sequence[Record],
+           violation: Violation, limits: Limits) -> str:  # fmt: skip
+    """The text a failed run prints: the seed, the fault schedule and the slice of history."""
+    ts = [r["t"] for r in violation.records]
+    lo, hi = min(ts) - limits.ttl - limits.grace, max(ts) + limits.grace
+    jobs = violation.jobs
+    # the processes of the records (a reader's own other reads left out) and the faults' targets
+    pids = {r["pid"] for r in violation.records if r["op"] != "read"} | {
+        r.get("target") for r in violation.records if "target" in r
+    }
+    part = [r for r in history if lo <= r["t"] <= hi and (
+        r.get("job") in jobs or r["op"] == "fault" or r["pid"] in pids)]  # fmt: skip
+    lines = [f"VIOLATION {violation.rule}: {violation.message}",
+             f"  seed {seed} (replay: python -m tests.nemesis --seed {seed} ...)",
+             "  fault schedule (offset s, kind, target slot, seconds):"]  # fmt: skip
+    lines += [f"    {f['at']:7.2f} {f['kind']:<10} {f['slot']!s:<8} {f['seconds']:.2f}"
+              for f in schedule]  # fmt: skip
+    lines.append(f"  history slice ({len(part)} records, t {lo:.2f} .. {hi:.2f}):")
+    lines += ["    " + _line(r) for r in part]
+    return "\n".join(lines)
+
+
+def _line(r: Record) -> str:
+    skip = {"t", "wall", "proc", "pid", "op"}
+    rest = " ".join(f"{k}={v}" for k, v in r.items() if k not in skip)
+    return f"{r['t']:.3f} {r['proc']}[{r['pid']}] {r['op']} {rest}"

@@ -1,0 +1,193 @@
+"""The checker on hand-made histories: a clean one passes, and for each rule a history that
+breaks it (and only it) is named by that rule; the faults that excuse a verdict excuse it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from .checker import RULES, Limits, Violation, check, report
+from .history import Record
+
+LIM = Limits(ttl=3.0, cache_ttl=0.5, grace=1.0, claim_within=3.0)
+W, W2, S, R = 100, 101, 200, 300  # pids: two workers, a sweeper, a reader
+
+
+def rec(t: float, op: str, pid: int, **f: Any) -> Record:
+    return {"t": t, "wall": t, "proc": f"p{pid}", "pid": pid, "op": op, **f}
+
+
+def read(t0: float, state: str, fence: int, seq: int, job: str = "j", reader: str = "a") -> Record:
+    return rec(t0 + 0.01, "read", R, job=job, reader=reader, t0=t0, state=state, fence=fence,
+               seq=seq)  # fmt: skip
+
+
+def fault(kind: str, target: object, start: float, end: float) -> Record:
+    return rec(end, "fault", 1, kind=kind, target=target, start=start, end=end)
+
+
+def clean() -> list[Record]:
+    """Worker W runs j (fence 5) to COMPLETED; worker W2 holds k (fence 9), is killed at 10,
+    read STALE, claimed once at 16 (fence 10) with its last checkpoint, acked."""
+    h = [
+        rec(0.0, "spawn", 1, role="worker", child=W),
+        rec(1.0, "acquire", W, job="j", fence=5, attempt=1, t0=0.9),
+        read(1.5, "RUNNING", 5, 1),
+        rec(2.0, "checkpoint", W, job="j", fence=5, n=1, t0=1.9),
+        read(2.5, "RUNNING", 5, 3),
+        rec(4.0, "final", W, job="j", fence=5, status="COMPLETED", t0=3.9),
+        read(5.0, "COMPLETED", 5, 6),
+        rec(6.0, "acquire", W2, job="k", fence=9, attempt=1, t0=5.9),
+        rec(7.0, "checkpoint", W2, job="k", fence=9, n=4, t0=6.9),
+        read(8.0, "RUNNING", 9, 2, job="k"),
+        fault("kill", W2, 10.0, 10.0),
+        read(12.0, "STALE", 9, 3, job="k"),
+        rec(16.0, "deliver", S, job="k", attempt=1, fence=10, checkpoint=4),
+        rec(16.1, "ack", S, job="k", attempt=1, fence=10),
+        read(17.0, "LOST", 10, 4, job="k"),
+        rec(30.0, "end_faults", 1),
+        rec(31.0, "dump", 1, job="j", state="COMPLETED", fence=5, seq=6, checkpoints=[1]),
+    ]
+    return sorted(h, key=lambda r: r["t"])
+
+
+def rules_of(h: list[Record]) -> list[str]:
+    return sorted({v.rule for v in check(sorted(h, key=lambda r: r["t"]), LIM)})
+
+
+def test_a_clean_history_passes() -> None:
+    assert check(clean(), LIM) == []
+
+
+BROKEN: dict[str, list[Record]] = {
+    # j read STALE at 3.0 while W was alive, running and reachable
+    "live-never-stale": [read(3.0, "STALE", 5, 4)],
+    # k still RUNNING 5 s after W2 died (ttl 3 + cache 0.5 + grace 1 = 4.5), before the claim
+    "dead-stale-within-ttl": [read(15.0, "RUNNING", 9, 3, job="k", reader="b")],
+    # attempt 1 of k claimed twice: fences 10 and 11
+    "claimed-once": [rec(18.0, "deliver", S, job="k", attempt=1, fence=11, checkpoint=4),
+                     rec(18.1, "ack", S, job="k", attempt=1, fence=11)],
+    # a claim of j2 delivered and never acknowledged nor delivered again
+    "delivered-until-acked": [
+        rec(16.0, "acquire", W, job="j2", fence=1, attempt=1, t0=15.9),
+        rec(21.0, "deliver", S, job="j2", attempt=1, fence=2, checkpoint=None)],
+    # W holds j3 when killed at 20; nobody claims it by end_faults (30)
+    "dead-job-claimed": [rec(16.0, "acquire", W, job="j3", fence=1, attempt=1, t0=15.9),
+                         fault("kill", W, 20.0, 20.0)],
+    # W2's checkpoint acknowledged though it started after the claim returned
+    "fenced-out-never-writes": [rec(16.5, "checkpoint", W2, job="k", fence=9, n=5, t0=16.3)],
+    # j read RUNNING after its COMPLETED write returned
+    "final-never-overwritten": [read(6.0, "RUNNING", 5, 7)],
+    # reader a shows (5, 2) after (5, 3)
+    "reader-monotonic": [read(2.8, "RUNNING", 5, 2)],
+    # task q running in two processes at once
+    "queue-no-overlap": [rec(1.0, "exec_start", W, task="q"),
+                         rec(2.0, "exec_start", W2, task="q"),
+                         rec(3.0, "exec_end", W, task="q", outcome="failed"),
+                         rec(4.0, "exec_end", W2, task="q", outcome="completed")],
+    # task q completed, then started again
+    "queue-completed-not-rerun": [rec(1.0, "exec_start", W, task="q"),
+                                  rec(2.0, "exec_end", W, task="q", outcome="completed"),
+                                  rec(3.0, "exec_start", W2, task="q"),
+                                  rec(4.0, "exec_end", W2, task="q", outcome="completed")],
+    # j's checkpoint 2 acknowledged but not in its stream after the run
+    "checkpoint-kept": [rec(3.0, "checkpoint", W, job="j", fence=5, n=2, t0=2.9)],
+}  # fmt: skip
+
+
+def test_every_rule_has_a_broken_history() -> None:
+    assert sorted(BROKEN) == sorted(RULES)
+
+
+@pytest.mark.parametrize("rule", RULES)
+def test_a_history_that_breaks_a_rule_is_named_by_that_rule(rule: str) -> None:
+    assert rules_of(clean() + BROKEN[rule]) == [rule]
+
+
+def test_the_claim_must_carry_the_last_acknowledged_checkpoint() -> None:
+    h = [r for r in clean() if r["op"] != "deliver"]
+    h.append(rec(16.0, "deliver", S, job="k", attempt=1, fence=10, checkpoint=3))
+    assert rules_of(h) == ["checkpoint-kept"]
+
+
+def test_a_fenced_out_write_seen_by_a_reader_is_named() -> None:
+    assert rules_of([*clean(), read(16.7, "RUNNING", 8, 5, job="k", reader="b")]) == [
+        "fenced-out-never-writes"
+    ]
+
+
+@pytest.mark.parametrize(
+    ("kind", "target"),
+    [("stop", W), ("gil", W), ("blackhole", "net"), ("restart", "redis"), ("sleep", "redis")],
+)
+def test_a_stale_verdict_is_excused_by_a_fault_that_may_cause_it(kind: str, target: object) -> None:
+    assert rules_of(clean() + BROKEN["live-never-stale"] + [fault(kind, target, 1.2, 1.4)]) == []
+
+
+@pytest.mark.parametrize(("kind", "target"), [("stop", W2), ("latency", "net"), ("cut", "net"),
+                                              ("lost_reply", "net"), ("stop", W)])  # fmt: skip
+def test_a_stale_verdict_is_not_excused_by_other_faults(kind: str, target: object) -> None:
+    start = -10.0 if target == W else 1.2  # W's own stop long before: no excuse either
+    h = clean() + BROKEN["live-never-stale"] + [fault(kind, target, start, start + 0.2)]
+    assert rules_of(h) == ["live-never-stale"]
+
+
+def test_data_lost_after_the_end_excuses_an_unknown_read_not_a_running_one_before_it() -> None:
+    lost = [fault("restart", "redis", 5.5, 5.6), read(7.0, "UNKNOWN", 0, 0)]
+    assert rules_of(clean() + lost) == []
+    assert rules_of([*clean(), read(5.2, "RUNNING", 5, 7), *lost]) == ["final-never-overwritten"]
+
+
+def test_the_report_names_the_seed_the_schedule_and_the_slice() -> None:
+    h = sorted(clean() + BROKEN["live-never-stale"], key=lambda r: r["t"])
+    [v] = check(h, LIM)
+    sched = [{"at": 1.0, "kind": "kill", "slot": 2, "seconds": 0.0}]
+    text = report(7, sched, h, v, LIM)
+    assert isinstance(v, Violation)
+    assert "VIOLATION live-never-stale" in text
+    assert "seed 7" in text
+    assert "kill" in text
+    assert "read job=j reader=a t0=3.0 state=STALE" in text
+
+
+def test_after_a_data_loss_the_checkpoints_since_or_else_the_last_before_must_be_kept() -> None:
+    h = [r for r in clean() if r["op"] != "dump"]
+    h += [
+        rec(3.0, "checkpoint", W, job="j", fence=5, n=2, t0=2.9),
+        fault("restart", "redis", 3.2, 3.3),
+    ]
+    dump = {"job": "j", "state": "COMPLETED", "fence": 5, "seq": 6}
+    assert rules_of([*h, rec(31.0, "dump", 1, **dump, checkpoints=[2])]) == []
+    assert rules_of([*h, rec(31.0, "dump", 1, **dump, checkpoints=[1])]) == ["checkpoint-kept"]
+    later = rec(3.8, "checkpoint", W, job="j", fence=5, n=3, t0=3.5)
+    assert rules_of([*h, later, rec(31.0, "dump", 1, **dump, checkpoints=[3])]) == []
+    assert rules_of([*h, later, rec(31.0, "dump", 1, **dump, checkpoints=[2])]) == [
+        "checkpoint-kept"
+    ]
+
+
+def test_a_claim_lost_with_the_data_need_not_be_delivered_again() -> None:
+    h = clean() + BROKEN["delivered-until-acked"]
+    assert rules_of([*h, fault("restart", "redis", 22.0, 22.1)]) == []
+    assert rules_of([*h, fault("restart", "redis", 20.0, 20.1)]) == ["delivered-until-acked"]
+
+
+def test_a_terminal_read_served_from_the_cache_after_a_data_loss_is_no_final_state_after_it() -> (
+    None
+):
+    h = [*clean(), fault("restart", "redis", 4.6, 4.7)]  # after j's final write, before a read
+    # a COMPLETED read at 5.0 served from a cache filled before the loss, then UNKNOWN
+    assert (
+        rules_of([*h, read(4.9, "COMPLETED", 5, 6, reader="b"), read(6.0, "UNKNOWN", 0, 0)]) == []
+    )
+    # without the loss the UNKNOWN read breaks the rule
+    assert rules_of([*clean(), read(6.0, "UNKNOWN", 0, 0)]) == ["final-never-overwritten"]
+
+
+def test_a_gil_hold_excuses_no_stale_verdict_for_a_job_the_sidecar_beats() -> None:
+    h = [dict(r, sidecar=True) if r["op"] == "acquire" else r for r in clean()]
+    gil = fault("gil", W, 1.2, 1.4)
+    assert rules_of([*h, *BROKEN["live-never-stale"], gil]) == ["live-never-stale"]
+    killed = fault("sidecar_kill", W, 1.2, 1.2)  # its helper killed: unbeaten until it learns
+    assert rules_of([*h, *BROKEN["live-never-stale"], killed]) == []
