@@ -93,7 +93,8 @@ class JobHeartbeat(Shell["asyncio.Future[None]"]):
         self._ticker = ticker = Ticker.for_client(self._redis, self._clock)
         self.progress = ProgressCell(self._m.total)
         try:
-            await self._drive(acquire_steps(self._m, self._clock, self._warn.warning))
+            async with ticker.entering():  # a burst waits here, before anything is written
+                await self._drive(acquire_steps(self._m, self._clock, self._warn.warning))
             self._arm_expiry(self._m.lease.deadline)
         except BaseException:
             self.progress._unlink()
@@ -105,15 +106,17 @@ class JobHeartbeat(Shell["asyncio.Future[None]"]):
 
     async def _drive(self, steps: Steps[R]) -> R:
         """Run a sequence of :mod:`~jobpulse._worker.life` on this shell's client: the asyncio
-        driver (each call bounded by its step's timeout and holding one of the ticker's
-        connection slots; a sleep holds none)."""
+        driver (each call holding one of the ticker's connection slots, and bounded by its
+        step's timeout from the moment it holds it; a sleep holds none)."""
         run = Stepper(steps)
         while (step := run.next()) is not None:
             try:
                 if isinstance(step, Sleep):
                     await asyncio.sleep(step.seconds)
                     continue
-                async with asyncio.timeout(step.timeout), self._slot():
+                # the step's time starts once it holds a connection: it bounds Redis's
+                # answer, not the local queue (bounded by the gate: beats first, then FIFO)
+                async with self._slot(), asyncio.timeout(step.timeout):
                     if isinstance(step, Send):
                         run.reply(await cancellable(calls.run(self._redis, step.call)))
                     elif isinstance(step, Command):
@@ -224,9 +227,10 @@ def heartbeat(
     """Run a job under a heartbeat: ``async with heartbeat(redis, job_id) as hb: ...``.
 
     Entering takes the job's lease and writes its first snapshot and ``start`` entry (so the job
-    is visible when the body starts). Exiting writes COMPLETED, FAILED (an exception, with
-    ``error`` = ``"Type: message"``), CANCELLED (cancellation, or :func:`request_cancel`) or LOST,
-    then releases the lease.
+    is visible when the body starts). When many jobs enter at once on one client, entering first
+    waits for its turn, writing nothing (the running jobs' beats go first: docs/worker.md).
+    Exiting writes COMPLETED, FAILED (an exception, with ``error`` = ``"Type: message"``),
+    CANCELLED (cancellation, or :func:`request_cancel`) or LOST, then releases the lease.
 
     Args:
         redis: a ``redis.asyncio.Redis`` or ``RedisCluster``.

@@ -1,8 +1,14 @@
-"""When each job beats next: the heap both tickers (asyncio and thread) plan with. Pure.
+"""When each job beats next: the heap both tickers (asyncio and thread) plan with, and who may
+use a client's connections (:class:`SendGate`). Pure.
 
 Beats of jobs due within a tenth of their interval are taken together (``COALESCE``), so jobs
 started at scattered times share a few pipelines per interval; a take costs
 O(due · log n), never a scan of every job.
+
+Overload degrades the beat rate, never the leases: due beats are served in the order of their
+lease deadlines (the job closest to losing its lease first), beats take a free connection
+before any other call, and new jobs start entering ``ENTERING`` at a time, one at a time while
+a running job's lease presses (:meth:`BeatPlan.pressing`).
 """
 
 from __future__ import annotations
@@ -10,6 +16,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
@@ -27,8 +34,11 @@ __all__ = [
     "BATCH",
     "CHUNK",
     "COALESCE",
+    "ENTERING",
+    "PRESSING",
     "BeatPlan",
     "Beating",
+    "SendGate",
     "Settled",
     "beat_calls",
     "beat_commands",
@@ -43,6 +53,12 @@ CHUNK = 256
 BATCH = 64
 """Beats per ``beat.lua`` call (a pipeline carries ``CHUNK / BATCH`` calls on one server; on a
 cluster a call only carries jobs of one hash slot)."""
+PRESSING = 0.5
+"""A due beat presses when less than this fraction of its ttl is left of its lease (with the
+defaults, a beat 2 s late): new jobs then enter one at a time, not ``ENTERING``."""
+ENTERING = 32
+"""Jobs entering (index, lease, kind index) at once per client: a burst of new jobs queues
+here, before anything is written or any timeout starts, not on the connections beats need."""
 
 
 class Beating(Protocol):
@@ -73,15 +89,20 @@ J = TypeVar("J", bound=Beating)
 
 
 class BeatPlan(Generic[J]):
-    """The registered jobs and a heap of their next beats.
+    """The registered jobs, a heap of their next beats by due time, and a heap of the due ones
+    by lease deadline (what a take serves first when the ticker cannot keep up).
 
-    A job may have stale heap entries; only the one equal to its planned time counts.
-    Invariant: every registered job not in flight has a live entry.
+    A job may have stale entries in both heaps; only one made at its planned time counts.
+    Invariant: every registered job not in flight has a live entry in one of the two heaps.
+    A job's lease deadline does not move while it waits in the due heap (only a beat's reply
+    renews it, and a waiting job has none in flight).
     """
 
     def __init__(self) -> None:
         self.jobs: dict[int, J] = {}
         self._heap: list[tuple[float, int, J]] = []
+        # the due jobs: (lease deadline, planned time, order, job)
+        self._due: list[tuple[float, float, int, J]] = []
         self._planned: dict[int, float] = {}
         self._order = itertools.count()
 
@@ -109,19 +130,62 @@ class BeatPlan(Generic[J]):
         return earliest
 
     def first(self) -> float:
-        """When the first planned beat is due (``inf``: none)."""
+        """When the first planned beat is due (``inf``: none; a past time: one is waiting)."""
+        self._drop_stale()
+        if self._due:
+            return -math.inf
         return self._heap[0][0] if self._heap else math.inf
 
-    def take_due(self, now: float) -> list[J]:
-        """Pop the jobs due now and those due within ``COALESCE`` of their interval."""
+    def take_due(self, now: float, limit: int | None = None) -> list[J]:
+        """Pop the jobs due now and those due within ``COALESCE`` of their interval, at most
+        ``limit`` of them, in the order of their lease deadlines; the others stay due."""
+        self._move_due(now)
         due: list[J] = []
-        heap = self._heap
-        while heap and heap[0][0] - COALESCE * heap[0][2].machine.cfg.interval <= now:
-            when, _, job = heapq.heappop(heap)
-            live = self.jobs.get(id(job)) is job and self._planned.get(id(job)) == when
-            if live and job.machine.ready:
+        heap = self._due
+        while heap and (limit is None or len(due) < limit):
+            _, when, _, job = heapq.heappop(heap)
+            if self._live(job, when):
+                del self._planned[id(job)]  # taken: any other entry of this plan is stale
                 due.append(job)
         return due
+
+    def has_due(self, now: float) -> bool:
+        """A beat is due now (or within ``COALESCE`` of its interval): a take finds it."""
+        self._move_due(now)
+        self._drop_stale()
+        return bool(self._due)
+
+    def pressing(self, now: float) -> bool:
+        """A due beat waits whose lease has less than ``PRESSING`` of its ttl left: new jobs
+        must wait before they enter (:class:`SendGate`), the connections go to beats."""
+        self._move_due(now)
+        self._drop_stale()
+        if not self._due:
+            return False
+        deadline, _, _, job = self._due[0]
+        return deadline - now < PRESSING * job.machine.cfg.ttl
+
+    @staticmethod
+    def lateness(jobs: Sequence[J], now: float) -> float:
+        """How late the earliest of ``jobs``' beats goes out at ``now`` (0: none late): the
+        lateness a beat reports (``loop_lag_ms``) when the ticker cannot keep up."""
+        return max(0.0, now - min((job.machine.due for job in jobs), default=now))
+
+    def _live(self, job: J, when: float) -> bool:
+        live = self.jobs.get(id(job)) is job and self._planned.get(id(job)) == when
+        return live and job.machine.ready
+
+    def _move_due(self, now: float) -> None:
+        heap = self._heap
+        while heap and heap[0][0] - COALESCE * heap[0][2].machine.cfg.interval <= now:
+            when, order, job = heapq.heappop(heap)
+            if self._live(job, when):
+                heapq.heappush(self._due, (job.machine.lease.deadline, when, order, job))
+
+    def _drop_stale(self) -> None:
+        heap = self._due
+        while heap and not self._live(heap[0][3], heap[0][1]):
+            heapq.heappop(heap)
 
     def index_refresh(
         self, jobs: list[J], server_now: Callable[[], float] | None
@@ -136,6 +200,84 @@ class BeatPlan(Generic[J]):
                 for key, member, score in job.machine.index_members(server_now()):
                     out.setdefault(key, {})[member] = score
         return out
+
+
+W = TypeVar("W")
+
+
+class SendGate(Generic[W]):
+    """Who may use one client's ``slots`` connections next, and which new job may start
+    entering. Waiters are opaque handles (a shell's futures) that the shell wakes when a
+    method hands them back; a handed slot or admission passes to that waiter.
+
+    Slots: a beat pipeline takes a free one before any other call (an acquire step, a final
+    write); a freed slot goes to the first waiting beat, else the first other waiter.
+    Admission: a new job starts entering while fewer than ``entering`` jobs are entering, or
+    while none is when a lease presses (:meth:`BeatPlan.pressing`: the beats come first, but
+    a burst still finishes starting), in the order the jobs came.
+    """
+
+    def __init__(self, slots: int, entering: int = ENTERING) -> None:
+        if slots < 1 or entering < 1:
+            raise ValueError("a gate needs at least one slot and one entering job")
+        self.free = slots
+        self.entering = 0
+        self._limit = entering
+        self._beats: deque[W] = deque()
+        self._others: deque[W] = deque()
+        self._entrants: deque[W] = deque()
+
+    def take(self, waiter: W, *, beat: bool) -> bool:
+        """``waiter`` wants a slot: True when it has one now, else it waits its turn."""
+        if self.free > 0 and not self._beats and (beat or not self._others):
+            self.free -= 1
+            return True
+        (self._beats if beat else self._others).append(waiter)
+        return False
+
+    def give_back(self) -> W | None:
+        """A slot was freed: the waiter it passes to (wake it), or None (it is free)."""
+        if self._beats:
+            return self._beats.popleft()
+        if self._others:
+            return self._others.popleft()
+        self.free += 1
+        return None
+
+    def enter(self, waiter: W, *, pressing: bool) -> bool:
+        """A new job wants to enter: True when it may now, else it waits its turn."""
+        if not self._entrants and self.entering < self._room(pressing):
+            self.entering += 1
+            return True
+        self._entrants.append(waiter)
+        return False
+
+    def admit(self, *, pressing: bool) -> list[W]:
+        """The waiting jobs that may enter now (wake them; each counts as entering)."""
+        out: list[W] = []
+        while self._entrants and self.entering < self._room(pressing):
+            out.append(self._entrants.popleft())
+            self.entering += 1
+        return out
+
+    def _room(self, pressing: bool) -> int:
+        return 1 if pressing else self._limit
+
+    def entered(self) -> None:
+        """A job admitted by :meth:`enter` or :meth:`admit` finished entering (or gave up)."""
+        self.entering -= 1
+
+    def forget(self, waiter: W) -> None:
+        """``waiter`` stopped waiting (cancelled) before it was handed anything."""
+        for queue in (self._beats, self._others, self._entrants):
+            if waiter in queue:
+                queue.remove(waiter)
+                return
+
+    @property
+    def waiting(self) -> int:
+        """New jobs waiting to enter."""
+        return len(self._entrants)
 
 
 def beat_calls(

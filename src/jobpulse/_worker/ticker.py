@@ -11,7 +11,16 @@ follows ASK on one connection), on a ``single_connection_client`` as one redis-p
 :func:`~jobpulse._worker.plan.settle_beats` hands the replies back. Lease deadlines are loop
 timers of each job (see ``JobHeartbeat._arm_expiry``), never checked by waiting for a reply, so
 a job's local-ttl stop does not depend on the ticker or on another job's slow reply; each
-pipeline is bounded by the smallest lease time left among its jobs.
+pipeline is bounded by the longest lease time left among its jobs.
+
+Overload degrades the beat rate, not the leases (:class:`~jobpulse._worker.plan.SendGate`
+decides, this shell only waits): the ticker takes at most ``CHUNK`` due jobs at a time, in lease
+deadline order, and only once it holds a connection, so a beat is built (and counts as a try)
+when it can be sent; beats take a free connection before acquires and final writes; and new
+jobs start entering ``ENTERING`` at a time, one at a time while a running job's lease presses
+(waiting to enter writes nothing and starts no timeout). Each beat reports how late it
+went out (``loop_lag_ms``, the loop-lag metric): the loop's lateness, or the beats' own when
+the ticker cannot keep up.
 
 The ticker's task lives exactly as long as it has jobs: the first ``add`` starts it, it returns
 when the last job is removed. The registry maps a client to its ticker weakly, so an idle
@@ -21,10 +30,11 @@ ticker is collected with nothing left running.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import weakref
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from .._protocol.clock import clock_of
@@ -32,8 +42,9 @@ from .._protocol.cluster import pipelined
 from .._protocol.deadline import cancellable
 from .._protocol.errors import tolerate_faults
 from .._protocol.wire import exchange
-from .plan import CHUNK, Beating, beat_commands, pack_beats
+from .plan import CHUNK, Beating, SendGate, beat_commands, pack_beats
 from .sampling import ProcessSample
+from .stats import WORKER_STATS
 from .tick import TickCore
 
 __all__ = ["CHUNK", "SENDS", "Ticker"]
@@ -56,7 +67,7 @@ class Ticker(TickCore):
         # same step in which it finds no jobs left (no await in between): ``add`` starts a loop
         # exactly when none is looping, so two loops never beat the same jobs.
         self._task: asyncio.Task[None] | None = None
-        self._sends = asyncio.Semaphore(SENDS)
+        self._gate: SendGate[asyncio.Future[None]] = SendGate(SENDS)
 
     @classmethod
     def for_client(cls, redis: Any, clock: Callable[[], float]) -> Ticker:
@@ -88,18 +99,84 @@ class Ticker(TickCore):
         if when < self._next_wake:
             self._wake.set()
 
-    def slot(self) -> asyncio.Semaphore:
+    @contextlib.asynccontextmanager
+    async def slot(self) -> AsyncIterator[None]:
         """One of the ``SENDS`` connections jobpulse may use on this client at once: every
         acquire, final write and beat pipeline takes one, so a burst of jobs entering or leaving
-        together waits here instead of exhausting redis-py's pool (MaxConnectionsError)."""
-        return self._sends
+        together waits here instead of exhausting redis-py's pool (MaxConnectionsError). Beat
+        pipelines take a freed one first."""
+        await self._take(beat=False)
+        try:
+            yield
+        finally:
+            self._give_back()
+
+    @contextlib.asynccontextmanager
+    async def entering(self) -> AsyncIterator[None]:
+        """Hold the body of ``async with`` while a new job enters: waits (writing nothing)
+        for its turn (``ENTERING`` at a time, one at a time while a running job's lease
+        presses)."""
+        waiter = asyncio.get_running_loop().create_future()
+        if not self._gate.enter(waiter, pressing=self._plan.pressing(self._clock())):
+            try:
+                await waiter
+            except BaseException:
+                if waiter.done() and not waiter.cancelled():  # admitted, then cancelled
+                    self._entered()
+                else:
+                    self._gate.forget(waiter)
+                raise
+        try:
+            yield
+        finally:
+            self._entered()
+
+    def _entered(self) -> None:
+        self._gate.entered()
+        self._admit()
+
+    def _admit(self) -> None:
+        """Wake the new jobs the gate lets enter now."""
+        while True:
+            stale = 0
+            for waiter in self._gate.admit(pressing=self._plan.pressing(self._clock())):
+                if waiter.done():  # cancelled while it waited: it does not enter
+                    stale += 1
+                else:
+                    waiter.set_result(None)
+            if not stale:
+                return
+            for _ in range(stale):
+                self._gate.entered()
+
+    async def _take(self, *, beat: bool) -> None:
+        waiter = asyncio.get_running_loop().create_future()
+        if self._gate.take(waiter, beat=beat):
+            return
+        try:
+            await waiter
+        except BaseException:
+            if waiter.done() and not waiter.cancelled():  # the slot was handed, then cancelled
+                self._give_back()
+            else:
+                self._gate.forget(waiter)
+            raise
+
+    def _give_back(self) -> None:
+        while (waiter := self._gate.give_back()) is not None:
+            if not waiter.done():  # a cancelled waiter passes the slot on
+                waiter.set_result(None)
+                return
 
     def sample(self) -> ProcessSample:
         return self._sampler.sample()
 
     def __repr__(self) -> str:
         running = self._task is not None
-        return f"<Ticker jobs={len(self._plan)} pipelines={self.pipelines} running={running}>"
+        return (
+            f"<Ticker jobs={len(self._plan)} pipelines={self.pipelines} "
+            f"entering={self._gate.entering} waiting={self._gate.waiting} running={running}>"
+        )
 
     async def _run(self) -> None:
         me = asyncio.current_task()
@@ -109,9 +186,11 @@ class Ticker(TickCore):
                 while self._plan:
                     now = self._clock()
                     lag = self._lag(now, intended)
-                    due = self._plan.take_due(now)
-                    if due:
-                        await self._dispatch(due, now, lag, sends)
+                    self._admit()
+                    if self._plan.has_due(now):
+                        await self._dispatch(lag, sends)
+                        intended = None
+                        continue
                     intended = await self._sleep()
                 # No job left, decided with no await since the check: from here on ``add``
                 # starts a new loop; this task only waits for its last sends (of ended jobs).
@@ -147,23 +226,42 @@ class Ticker(TickCore):
             self._next_wake = math.inf
         return None
 
-    async def _dispatch(
-        self, due: list[Beating], now: float, lag: float, sends: asyncio.TaskGroup
-    ) -> None:
-        sample = self._sampler.sample()
-        for start in range(0, len(due), CHUNK):
-            chunk = due[start : start + CHUNK]
-            beats = [(job, job.beat(now, lag, sample)) for job in chunk]
-            sends.create_task(self._send(beats, now))
-            if start + CHUNK < len(due):
+    async def _dispatch(self, lag: float, sends: asyncio.TaskGroup) -> None:
+        """Take a connection (before any acquire or final write), then the ``CHUNK`` due jobs
+        closest to their lease deadlines, and send their beats on it."""
+        await self._take(beat=True)
+        try:
+            now = self._clock()
+            chunk = self._plan.take_due(now, CHUNK)
+            if chunk:
+                late = max(lag, self._plan.lateness(chunk, now))
+                if late > lag:
+                    WORKER_STATS.lagged(late)
+                sample = self._sampler.sample()
+                beats = [(job, job.beat(now, late, sample)) for job in chunk]
+                sends.create_task(self._send(beats, now))
                 await asyncio.sleep(0)  # never block the loop for a whole 10,000-job tick
+                return
+        except BaseException:
+            self._give_back()
+            raise
+        self._give_back()  # nothing was due any more (ended or in flight)
 
     async def _send(self, beats: list[tuple[Beating, list[Any]]], sent_at: float) -> None:
+        """Send a chunk's beats on the connection ``_dispatch`` took for it (given back here)."""
+        try:
+            await self._send_held(beats, sent_at)
+        finally:
+            self._give_back()
+
+    async def _send_held(self, beats: list[tuple[Beating, list[Any]]], sent_at: float) -> None:
         jobs, batches, index = self._calls(beats)
-        budget = min(job.machine.beat_budget(sent_at) for job in jobs)
+        # the longest lease time left: each job's own timer stops it at its deadline, so one
+        # job close to it never fails the beats of the chunk's others (their replies renew)
+        budget = max(job.machine.beat_budget(sent_at) for job in jobs)
         clock = clock_of(self._redis)
         try:
-            async with asyncio.timeout(budget), self._sends:
+            async with asyncio.timeout(budget):
                 await clock.sample(self._redis)  # argument time only, when due: else nothing
                 if self.packed:
                     packed = pack_beats(batches, index, clock)
