@@ -21,6 +21,19 @@ from redis.asyncio.cluster import RedisCluster
 
 from jobpulse._provision import SERVER_ENV, LocalCluster, RedisServer, _docker_answers
 
+ALONE_ENV = "JOBPULSE_ALONE"
+"""Set (to 1) to run the tests marked ``alone``: they need the machine to themselves, so the
+xdist suite skips them and CI runs them in a step of their own (.ci/run)."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    if os.environ.get(ALONE_ENV) == "1":
+        return
+    skip = pytest.mark.skip(reason=f"needs the machine to itself: run with {ALONE_ENV}=1")
+    for item in items:
+        if item.get_closest_marker("alone") is not None:
+            item.add_marker(skip)
+
 
 @pytest.fixture(scope="session")
 def redis_url() -> Iterator[str]:

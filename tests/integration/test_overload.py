@@ -28,7 +28,16 @@ def workers() -> Iterator[list[subprocess.Popen[bytes]]]:
 
 
 @pytest.mark.xdist_group("cpu")  # burns a core for up to a minute (README)
-@pytest.mark.parametrize("count", [10_000, 20_000])
+@pytest.mark.parametrize(
+    "count",
+    [
+        10_000,
+        # 20,000 needs the machine to itself: beside the other xdist worker's tests, full garbage
+        # collections of the ramp-up (0.3-1.9 s each, every ~5 s) stall the loop for longer than a
+        # lease's slack (docs/worker.md, "Overload"). CI runs it alone (JOBPULSE_ALONE=1).
+        pytest.param(20_000, marks=pytest.mark.alone),
+    ],
+)
 async def test_a_burst_started_at_once_loses_no_lease(
     redis: aioredis.Redis,
     redis_url: str,
