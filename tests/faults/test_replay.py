@@ -237,7 +237,7 @@ def test_a_sync_beat_that_finds_the_data_lost_and_whose_reply_was_lost_still_rep
             schema = KeySchema(ns)
             keys = schema.job("lossy")
             with jobpulse.sync.heartbeat(
-                client, "lossy", namespace=ns, interval=30, ttl=60, kind="etl"
+                client, "lossy", namespace=ns, interval=30, ttl=60, kind="etl", sidecar=False
             ) as hb:
                 assert hb.checkpoint(row=10)
                 direct.delete(*keys.all())

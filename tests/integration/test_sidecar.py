@@ -138,7 +138,8 @@ def test_a_body_holding_the_gil_for_3_ttl_is_never_stale_and_ends_completed(
     observer.close()
     assert observer.samples, "no sample was taken"
     assert observer.stale() == []
-    status = jobpulse.sync.StatusReader(redis.Redis.from_url(redis_url), namespace=ns).get("gil")
+    with redis.Redis.from_url(redis_url) as plain:
+        status = jobpulse.sync.StatusReader(plain, namespace=ns).get("gil")
     assert status is not None
     assert status.state is JobState.COMPLETED
     assert status.attempt == 1

@@ -9,7 +9,7 @@ from typing import Any
 from jobpulse._protocol.calls import AcquireCode, AcquireReply
 from jobpulse._worker.machine import BeatMachine
 from jobpulse._worker.options import HeartbeatSpec
-from jobpulse._worker.plan import CHUNK, BeatPlan, SendGate
+from jobpulse._worker.plan import CHUNK, BeatPlan, SendGate, chunk_budget
 
 
 class _Job:
@@ -134,3 +134,14 @@ def test_a_waiter_that_gave_up_is_forgotten() -> None:
     gate.entered()
     assert gate.admit(pressing=False) == []
     assert gate.waiting == 0
+
+
+def test_a_chunk_waits_for_its_smallest_lease_left_but_at_least_an_interval() -> None:
+    """A stuck reply is given up at the chunk's smallest lease time left (its other leases still
+    stand); never sooner than an interval while a lease lasts that long (a loaded Redis is
+    waited for); never longer than the largest lease time left."""
+    assert chunk_budget([0.5, 29.5], [0.5, 0.5]) == 0.5
+    assert chunk_budget([3.0, 29.5], [1.0, 1.0]) == 3.0
+    assert chunk_budget([0.05, 5.0], [1.0, 1.0]) == 1.0
+    assert chunk_budget([0.05, 0.4], [1.0, 1.0]) == 0.4
+    assert chunk_budget([0.05], [1.0]) == 0.05

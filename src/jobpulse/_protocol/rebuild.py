@@ -70,7 +70,7 @@ class RedisFactory:
 
     def __call__(self) -> AsyncClient:
         pool = redis.asyncio.ConnectionPool(connection_class=_CLASSES[self.kind], **self.settings)
-        return redis.asyncio.Redis(connection_pool=pool)
+        return redis.asyncio.Redis.from_pool(pool)  # its aclose() closes the pool too
 
     def __repr__(self) -> str:  # never show the password
         shown = {k: v for k, v in self.settings.items() if k not in ("password", "ssl_password")}

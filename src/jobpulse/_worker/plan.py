@@ -42,6 +42,7 @@ __all__ = [
     "Settled",
     "beat_calls",
     "beat_commands",
+    "chunk_budget",
     "pack_beats",
     "settle_beats",
 ]
@@ -278,6 +279,21 @@ class SendGate(Generic[W]):
     def waiting(self) -> int:
         """New jobs waiting to enter."""
         return len(self._entrants)
+
+
+def chunk_budget(lefts: Sequence[float], intervals: Sequence[float]) -> float:
+    """Seconds a chunk's beats may wait for their reply, from each job's budget (its lease time
+    left, ``BeatMachine.beat_budget``) and ``interval``.
+
+    The smallest budget, so a reply that is stuck (a half-open connection, a lost reply) is
+    given up while the chunk's other leases still stand, and their beats go again on a fresh
+    connection; but never less than one ``interval`` (the largest in the chunk), capped by the
+    largest budget: a reply is late only once a new beat would be due, so a loaded Redis that
+    answers within an interval is waited for even when the chunk's most pressed job is about to
+    expire (its own timer stops that job; the others' replies renew).
+    """
+    floor = min(max(lefts), max(intervals))
+    return max(min(lefts), floor)
 
 
 def beat_calls(

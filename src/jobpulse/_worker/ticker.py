@@ -11,7 +11,8 @@ follows ASK on one connection), on a ``single_connection_client`` as one redis-p
 :func:`~jobpulse._worker.plan.settle_beats` hands the replies back. Lease deadlines are loop
 timers of each job (see ``JobHeartbeat._arm_expiry``), never checked by waiting for a reply, so
 a job's local-ttl stop does not depend on the ticker or on another job's slow reply; each
-pipeline is bounded by the longest lease time left among its jobs.
+pipeline is bounded by :func:`~jobpulse._worker.plan.chunk_budget` (the smallest lease time left
+among its jobs, but at least an interval).
 
 Overload degrades the beat rate, not the leases (:class:`~jobpulse._worker.plan.SendGate`
 decides, this shell only waits): the ticker takes at most ``CHUNK`` due jobs at a time, in lease
@@ -42,7 +43,7 @@ from .._protocol.cluster import pipelined
 from .._protocol.deadline import cancellable
 from .._protocol.errors import tolerate_faults
 from .._protocol.wire import exchange
-from .plan import CHUNK, Beating, SendGate, beat_commands, pack_beats
+from .plan import CHUNK, Beating, SendGate, beat_commands, chunk_budget, pack_beats
 from .sampling import ProcessSample
 from .stats import WORKER_STATS
 from .tick import TickCore
@@ -256,9 +257,10 @@ class Ticker(TickCore):
 
     async def _send_held(self, beats: list[tuple[Beating, list[Any]]], sent_at: float) -> None:
         jobs, batches, index = self._calls(beats)
-        # the longest lease time left: each job's own timer stops it at its deadline, so one
-        # job close to it never fails the beats of the chunk's others (their replies renew)
-        budget = max(job.machine.beat_budget(sent_at) for job in jobs)
+        budget = chunk_budget(
+            [job.machine.beat_budget(sent_at) for job in jobs],
+            [job.machine.cfg.interval for job in jobs],
+        )
         clock = clock_of(self._redis)
         try:
             async with asyncio.timeout(budget):

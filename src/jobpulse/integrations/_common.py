@@ -472,7 +472,7 @@ class HelperClaim:
             pool = redis_sync.ConnectionPool(
                 connection_class=_SYNC_CLASSES[self.broker.kind], **self.broker.settings
             )
-            client = _HELPER_CLIENTS[key] = redis_sync.Redis(connection_pool=pool)
+            client = _HELPER_CLIENTS[key] = redis_sync.Redis.from_pool(pool)
         return client
 
     def keep(self, holds: Callable[[], bool]) -> contextlib.AbstractAsyncContextManager[None]:

@@ -66,10 +66,11 @@ class Channel:
             theirs.close()
         self._send_lock = threading.Lock()
         self._lock = threading.Lock()
+        self._client_lock = threading.Lock()  # never taken by the reader thread
         self._ids = itertools.count(1)
         self._open: dict[int, concurrent.futures.Future[Any]] = {}
         self.jobs: dict[int, Job] = {}
-        self._clients: dict[int, tuple[int, Any]] = {}  # id(client) -> (client id, client)
+        self._clients: dict[bytes, int] = {}  # the pickled factory -> the helper's client id
         self.dead: str | None = None
         self.send(("hello", list(sys.path)))
         self._reader = threading.Thread(target=self._read, name="jobpulse-sidecar", daemon=True)
@@ -100,15 +101,22 @@ class Channel:
         return future
 
     def client_id(self, client: Any, factory: bytes) -> int:
-        """The helper's id of ``client``: its factory is sent once (the client is held, so its
-        ``id`` cannot be reused while this channel lives)."""
-        with self._lock:
-            known = self._clients.get(id(client))
+        """The helper's id of the client ``factory`` rebuilds: each distinct factory is sent
+        once, so clients of the same settings share one client in the helper, and a client made
+        per job costs the helper nothing new (neither side holds the caller's client object).
+
+        The factory goes out under the lock that assigns its id: a job of another thread that
+        finds the id can only send its ``start`` after it, so the helper always knows the id.
+        (Not ``_lock``: the reader thread takes that one, and a send blocked on a full pipe
+        while it waited would stop the replies that drain the helper's side.)
+        """
+        with self._client_lock:
+            known = self._clients.get(factory)
             if known is not None:
-                return known[0]
+                return known
             cid = len(self._clients) + 1
-            self._clients[id(client)] = (cid, client)
-        self.send(("client", cid, factory))
+            self.send(("client", cid, factory))
+            self._clients[factory] = cid
         return cid
 
     def new_key(self) -> int:
