@@ -41,8 +41,8 @@ from .history import History
 STEP = 0.1
 
 
-def _gil_hold(hist: History, seconds: float) -> None:
-    """On SIGUSR1, hold the GIL for about ``seconds``: ``sum(range(n))`` is one C call that
+def _gil_hold(hist: History, seconds: float, signum: int = signal.SIGUSR1) -> None:
+    """On ``signum``, hold the GIL for about ``seconds``: ``sum(range(n))`` is one C call that
     never lets another thread (a sync heartbeat's beat thread) or the event loop run."""
     t = time.perf_counter()
     sum(range(1_000_000))
@@ -53,7 +53,7 @@ def _gil_hold(hist: History, seconds: float) -> None:
         sum(range(n))
         hist.add("gil", start=start, end=time.monotonic())
 
-    signal.signal(signal.SIGUSR1, hold)
+    signal.signal(signum, hold)
 
 
 def _steps(cfg: dict[str, Any], n: int) -> int:

@@ -14,6 +14,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -43,6 +44,10 @@ KINDS: tuple[tuple[str, int], ...] = (
     ("kill", 4), ("kill_sweeper", 1), ("stop_short", 2), ("stop_long", 2), ("gil", 2),
     ("restart", 1), ("rollback", 1), ("latency", 2), ("cut", 2), ("lost_reply", 2),
     ("blackhole", 1), ("sleep", 1), ("kill_sidecar", 2),
+    # on a Celery node (tests/nemesis/celery_actor.py): SIGKILL of its pool child running a
+    # task, of its main process, of the child's sidecar helper; SIGSTOP of the child; a GIL hold
+    ("kill_pool", 2), ("kill_celery", 1), ("kill_celery_sidecar", 1), ("stop_celery", 1),
+    ("gil_celery", 2),
 )  # fmt: skip
 # (role, sidecar): beats on the event loop, from the sidecar helper, from the sync shell's
 # thread, from the sidecar helper
@@ -50,6 +55,8 @@ WORKERS = (("async-worker", False), ("async-worker", True), ("sync-worker", Fals
            ("sync-worker", True))  # fmt: skip
 SIDECARS = [i for i, (_, sidecar) in enumerate(WORKERS) if sidecar]
 SWEEPERS = 2
+CELERY_NODES = 2  # prefork, one pool child each: a task restored from one runs on the other
+CELERY_EVERY = 2.5  # s between two tasks sent (each 4-8 s long, on 2 children)
 REDELIVER_AFTER = 3.0  # the sweepers' (default 60 s): a claim left unacknowledged comes back
 GIL_HOLD = 2.5 * TTL  # a worker's body holds the GIL this long on SIGUSR1
 INDEX_EVERY = 10  # the default: a dead job's index deadline is at most 10 intervals + ttl ahead
@@ -72,12 +79,17 @@ def schedule(seed: int, seconds: float) -> list[dict[str, Any]]:
             "stop_short": rng.uniform(0.2, 0.4 * TTL),
             "stop_long": rng.uniform(1.5 * TTL, 2.5 * TTL),
             "gil": GIL_HOLD,
+            "gil_celery": GIL_HOLD,
             "rollback": rng.uniform(0.5, 2.0),
             "latency": rng.uniform(1.0, 4.0),
             "blackhole": rng.uniform(1.5 * TTL, 2 * TTL),
             "sleep": rng.uniform(0.5, 1.5 * TTL),
         }.get(kind, 0.0)
         slot = rng.randrange(SWEEPERS if kind == "kill_sweeper" else len(WORKERS))
+        if kind.endswith("celery") or "_celery_" in kind or kind == "kill_pool":
+            slot %= CELERY_NODES
+        if kind == "stop_celery":
+            seconds_ = rng.uniform(0.2, 2.5 * TTL)
         if kind == "kill_sidecar":
             slot = SIDECARS[slot % len(SIDECARS)]
         if at + seconds_ > seconds - settle:
@@ -94,13 +106,18 @@ def settle_time() -> float:
 
 def _sidecar_of(pid: int) -> int | None:
     """The pid of the sidecar helper process of worker ``pid`` (a child), if it runs."""
+    return _child_of(pid, b"sidecar")
+
+
+def _child_of(pid: int, mark: bytes) -> int | None:
+    """The pid of a child of ``pid`` whose command line holds ``mark``, if one runs."""
     try:
         children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     except OSError:
         return None
     for child in map(int, children):
         with contextlib.suppress(OSError):
-            if b"sidecar" in Path(f"/proc/{child}/cmdline").read_bytes():
+            if mark in Path(f"/proc/{child}/cmdline").read_bytes():
                 return child
     return None
 
@@ -129,6 +146,7 @@ class Harness:
         self.actors: list[_Actor] = []
         self.injected = 0
         self.skipped = 0  # scheduled but found nothing to hit (a sidecar kill between jobs)
+        self.sessions: list[int] = []  # the process groups of the Celery nodes ever started
 
     # -- processes
     def _spawn(self, actor: _Actor) -> None:
@@ -136,16 +154,21 @@ class Harness:
         cfg = {"dir": str(self.dir), "proc": f"{actor.name}.{actor.generation}",
                "url": actor.url, "ns": NS, "ttl": TTL, "interval": INTERVAL, "seed": self.seed,
                "gil": GIL_HOLD, "redeliver_after": REDELIVER_AFTER,
-               "sidecar": actor.sidecar}  # fmt: skip
+               "sidecar": actor.sidecar, "every": CELERY_EVERY}  # fmt: skip
+        module, role, celery = "tests.nemesis.actors", actor.role, actor.role.startswith("celery-")
+        if celery:  # in a session of its own: its pool children are killed with it at the end
+            module, role = "tests.nemesis.celery_actor", role.removeprefix("celery-")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.nemesis.actors", actor.role, json.dumps(cfg)],
-            cwd=ROOT, stdout=subprocess.PIPE, text=True,
+            [sys.executable, "-m", module, role, json.dumps(cfg)],
+            cwd=ROOT, stdout=subprocess.PIPE, text=True, start_new_session=celery,
         )  # fmt: skip
         assert proc.stdout is not None
         line = proc.stdout.readline()
         if not line.startswith("ready"):
             raise RuntimeError(f"{actor.role} did not start: {line!r}")
         actor.proc = proc
+        if actor.role.startswith("celery-"):
+            self.sessions.append(proc.pid)
         self.hist.add("spawn", role=actor.role, name=cfg["proc"], child=proc.pid)
 
     def _kill(self, actor: _Actor) -> None:
@@ -166,6 +189,9 @@ class Harness:
                 self.actors.append(_Actor(role, f"worker-{i}", self.proxy.url, sidecar))
             for i in range(SWEEPERS):
                 self.actors.append(_Actor("sweeper", f"sweeper-{i}", self.server.url))
+            for i in range(CELERY_NODES):
+                self.actors.append(_Actor("celery-worker", f"qworker-{i}", self.proxy.url))
+            self.actors.append(_Actor("celery-producer", "qproducer", self.server.url))
             self.actors.append(_Actor("async-reader", "reader-0", self.server.url))
             self.actors.append(_Actor("sync-reader", "reader-1", self.server.url))
             for actor in self.actors:
@@ -183,8 +209,12 @@ class Harness:
                 if actor.proc is not None:
                     actor.proc.kill()
                     actor.proc.wait()
-                    if actor.proc.stdout is not None:
-                        actor.proc.stdout.close()
+            for pgid in self.sessions:  # Celery nodes, with the pool children of killed ones
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signal.SIGKILL)
+            for actor in self.actors:
+                if actor.proc is not None and actor.proc.stdout is not None:
+                    actor.proc.stdout.close()
             with contextlib.suppress(redis.RedisError):
                 self._dump()
             self.proxy.close()
@@ -193,10 +223,47 @@ class Harness:
         return load(self.dir)
 
     def _workers(self) -> list[_Actor]:
-        return [a for a in self.actors if a.role.endswith("worker")]
+        return [a for a in self.actors if a.role in ("async-worker", "sync-worker")]
+
+    def _celery(self, fault: dict[str, Any]) -> bool:
+        """Inject a fault on a Celery node (:mod:`tests.nemesis.celery_actor`); False: not one."""
+        kind, d = fault["kind"], fault["seconds"]
+        if kind not in ("kill_pool", "kill_celery", "kill_celery_sidecar", "stop_celery",
+                        "gil_celery"):  # fmt: skip
+            return False
+        node = [a for a in self.actors if a.role == "celery-worker"][fault["slot"]]
+        assert node.proc is not None
+        t = time.monotonic()
+        if kind == "kill_celery":  # the main process (its pool child is left an orphan)
+            self._kill(node)
+            return True
+        child = _child_of(node.proc.pid, b"celery_actor")
+        target = None if child is None else _sidecar_of(child) if "sidecar" in kind else child
+        if target is None:  # a child being replaced, or a child between two tasks (no helper)
+            self.skipped += 1
+            return True
+        if kind == "kill_pool":
+            os.kill(target, signal.SIGKILL)
+            self.hist.add("fault", kind="kill", target=target, start=t, end=t, at=fault["at"])
+            return True
+        if kind == "kill_celery_sidecar":
+            os.kill(target, signal.SIGKILL)
+        elif kind == "stop_celery":
+            os.kill(target, signal.SIGSTOP)
+            time.sleep(d)
+            os.kill(target, signal.SIGCONT)
+        else:
+            os.kill(target, signal.SIGUSR2)
+            time.sleep(d)
+        what = {"kill_celery_sidecar": "sidecar_kill", "stop_celery": "stop", "gil_celery": "gil"}
+        self.hist.add("fault", kind=what[kind], target=child, start=t, end=time.monotonic(),
+                      at=fault["at"])  # fmt: skip
+        return True
 
     def _inject(self, fault: dict[str, Any]) -> None:
         assert self.proxy is not None
+        if self._celery(fault):
+            return
         kind, d = fault["kind"], fault["seconds"]
         worker = self._workers()[fault["slot"] % len(WORKERS)]
         assert worker.proc is not None
@@ -301,7 +368,14 @@ def run(seed: int, seconds: float, keep: str | None = None) -> tuple[list[Violat
     ops = sum(v for k, v in counts.items() if k not in ("fault", "schedule", "spawn", "dump"))
     by_op = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
     by_kind = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
-    lines = [f"seed {seed}: {seconds:.0f} s, history in {directory}",
+    # the history is kept when asked (--keep) or when a rule broke, else deleted
+    kept = keep is not None or bool(violations)
+    if not kept:
+        shutil.rmtree(directory, ignore_errors=True)
+    where = (
+        f"history in {directory}" if kept else "history deleted (no violation; --keep DIR keeps it)"
+    )
+    lines = [f"seed {seed}: {seconds:.0f} s, {where}",
              f"  operations checked: {ops} ({by_op})",
              f"  faults injected: {h.injected - h.skipped} of {h.injected} scheduled ({by_kind})",
              f"  violations: {len(violations)}"]  # fmt: skip
