@@ -111,15 +111,21 @@ def _sidecar_of(pid: int) -> int | None:
 
 def _child_of(pid: int, mark: bytes) -> int | None:
     """The pid of a child of ``pid`` whose command line holds ``mark``, if one runs."""
+    return next(iter(_children_of(pid, mark)), None)
+
+
+def _children_of(pid: int, mark: bytes) -> list[int]:
+    """The pids of the children of ``pid`` whose command line holds ``mark``."""
     try:
         children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     except OSError:
-        return None
+        return []
+    out = []
     for child in map(int, children):
         with contextlib.suppress(OSError):
             if mark in Path(f"/proc/{child}/cmdline").read_bytes():
-                return child
-    return None
+                out.append(child)
+    return out
 
 
 @dataclass
@@ -234,8 +240,11 @@ class Harness:
         node = [a for a in self.actors if a.role == "celery-worker"][fault["slot"]]
         assert node.proc is not None
         t = time.monotonic()
-        if kind == "kill_celery":  # the main process (its pool child is left an orphan)
+        if kind == "kill_celery":  # the main process; billiard's pdeathsig SIGKILLs its children
+            children = _children_of(node.proc.pid, b"celery_actor")
             self._kill(node)
+            for child in children:
+                self.hist.add("fault", kind="kill", target=child, start=t, end=t, via="pdeathsig")
             return True
         child = _child_of(node.proc.pid, b"celery_actor")
         target = None if child is None else _sidecar_of(child) if "sidecar" in kind else child
