@@ -214,7 +214,7 @@ def test_a_helper_killed_while_a_job_starts_fails_it_with_lease_lost_and_the_nex
     """The helper dies while the job's start waits for it (stopped, then SIGKILLed): the block
     raises ``LeaseLost(SIDECAR_DIED)``, as for a death mid-job, and the next job of the process
     starts a new helper and ends COMPLETED. (Before: a ``RuntimeError`` that a worker loop
-    handling jobpulse's errors did not expect: the nemesis's sidecar worker died of it.)"""
+    handling jobpulse's errors does not expect: the nemesis's sidecar worker ended on it.)"""
     opts: dict[str, Any] = {"namespace": ns, "ttl": 3.0, "interval": 0.5, "sidecar": True}
 
     async def run_async(job: str) -> int | None:
