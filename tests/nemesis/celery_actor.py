@@ -13,9 +13,10 @@ their broker the nemesis Redis through the fault proxy, instrumented by
   producer is not under test).
 
 History (:mod:`tests.nemesis.history`), the node's main process: ``q_received`` (task: the
-consumer got a delivery), ``q_ack`` (task: the delivery was acknowledged); each pool child:
-``exec_start`` / ``exec_end`` (task, node, node_pid: the main process's, outcome ``completed``
-or the exception's name), and the
+consumer got a delivery), ``q_ack`` (task: the delivery was acknowledged), ``q_restore``
+(tasks: kombu put the deliveries of a channel it closed back on the queue, a lost
+connection's); each pool child: ``exec_start`` / ``exec_end`` (task, node, node_pid: the main
+process's, outcome ``completed`` or the exception's name), and the
 job's ``acquire`` / ``checkpoint`` / ``final`` / ``lease_lost`` / ``job_error`` records as the
 other workers write them (the job id is the task id); ``no_heartbeat`` (task) when jobpulse
 could not take the lease at the task's start: the body then does nothing (a duplicate delivery
@@ -57,6 +58,7 @@ def _conf(app: Any, cfg: dict[str, Any]) -> None:
 def _worker_app(cfg: dict[str, Any]) -> Any:
     from celery import Celery, signals
     from celery.worker.request import Request
+    from kombu.transport.virtual.base import QoS
 
     import jobpulse.integrations.celery as jp_celery
     from jobpulse import LeaseLost, current
@@ -134,6 +136,19 @@ def _worker_app(cfg: dict[str, Any]) -> Any:
         hist().add("q_ack", task=self.id)
 
     Request.acknowledge = acked  # type: ignore[method-assign]
+
+    restore = QoS.restore_unacked_once
+
+    def restored(self: Any, stderr: Any = None) -> Any:
+        """kombu puts every delivery of a channel it closes back on its queue, running tasks'
+        too (a lost broker connection): recorded, the checker's excuse for a task run again."""
+        held = [m for tag, m in list(self._delivered.items()) if tag not in self._dirty]
+        tasks = [str((m.headers or {}).get("id")) for m in held]
+        if tasks and not self._delivered.restored:
+            hist().add("q_restore", tasks=tasks)
+        return restore(self, stderr)
+
+    QoS.restore_unacked_once = restored  # type: ignore[method-assign]
 
     @signals.task_received.connect(weak=False)
     def _received(request: Any = None, **_: Any) -> None:

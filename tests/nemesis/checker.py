@@ -297,8 +297,9 @@ class _Index:
     def queue_completed_not_rerun(self) -> Iterable[Violation]:
         """A completed task is not started again, unless its delivery was not acknowledged
         and the node's main process (which acknowledges it) was killed before it could, or the
-        server went back to an older RDB taken before the acknowledgement (the delivery is
-        back): at-least-once delivery, which no heartbeat changes."""
+        server went back to an older RDB taken before the acknowledgement, or kombu put it
+        back on the queue when it closed the node's channel (a lost connection: running tasks'
+        deliveries too): at-least-once delivery, which no heartbeat changes."""
         for task, runs in self._executions().items():
             done = [e for _, _, e in runs if e is not None and e["outcome"] == "completed"]
             for s, _, _ in runs:
@@ -313,6 +314,12 @@ class _Index:
         """Whether the completed run ``end``'s delivery may lawfully come back by ``start``."""
         lo, hi = end["t"], start["t"]
         if any(k == "rollback" and lo < s < hi for k, _, s, _ in self.windows):
+            return True
+        node = end.get("node_pid", -1)
+        got = [r["t"] for r in self.by_op["q_received"] if r["pid"] == node and r["t"] <= lo]
+        since = max(got, default=float("-inf"))  # when this node got the delivery that completed
+        if any(end["task"] in r["tasks"] and r["pid"] == node and since <= r["t"] <= hi
+               for r in self.by_op["q_restore"]):  # fmt: skip
             return True
         acked = any(a["task"] == end["task"] and lo <= a["t"] <= hi for a in self.by_op["q_ack"])
         killed = self.killed.get(end.get("node_pid", -1))

@@ -15,7 +15,8 @@ Operations (the fields beside the common ones):
   ``read_error`` (job, error);
 * sweeper: ``deliver`` (job, attempt, fence, checkpoint n or None), ``ack`` (job, attempt, fence);
 * queue (:mod:`tests.nemesis.celery_actor`): a node's main process ``q_received`` (task: a
-  delivery), ``q_ack`` (task); a pool child ``exec_start`` / ``exec_end`` (task, node, node_pid,
+  delivery), ``q_ack`` (task), ``q_restore`` (tasks: kombu put a closed channel's deliveries
+  back on the queue); a pool child ``exec_start`` / ``exec_end`` (task, node, node_pid,
   outcome ``completed`` or the exception's name), ``no_heartbeat`` (task: jobpulse could not take
   the lease, the body did nothing) and the job's records as a worker's; the producer ``q_send``;
 * harness: ``spawn`` (role, child), ``fault`` (kind, target: a pid, ``"redis"`` or ``"net"``,

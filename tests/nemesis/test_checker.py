@@ -242,6 +242,14 @@ def test_a_completed_task_may_run_again_only_if_its_delivery_came_back() -> None
     acked = rec(2.2, "q_ack", N, task="q")
     assert rules_of(_queue(acked, fault("kill", N, 2.5, 2.5))) == ["queue-completed-not-rerun"]
     assert rules_of(_queue(fault("kill", N + 7, 2.5, 2.5))) == ["queue-completed-not-rerun"]
+    # kombu put the node's deliveries back on the queue (its connection was lost)
+    restored = rec(1.5, "q_restore", N, tasks=["q", "other"])
+    got = rec(0.9, "q_received", N, task="q")
+    assert rules_of(_queue(got, restored, acked)) == []
+    assert rules_of(_queue(got, dict(restored, tasks=["other"]), acked)) == [
+        "queue-completed-not-rerun"
+    ]
+    assert rules_of(_queue(got, dict(restored, pid=N + 1), acked)) == ["queue-completed-not-rerun"]
     # the server back on an RDB taken before the acknowledgement
     assert rules_of(_queue(acked, fault("rollback", "redis", 3.0, 3.1))) == []
     assert rules_of(_queue(acked, fault("rollback", "redis", 0.5, 0.6))) == [
