@@ -48,6 +48,8 @@ KINDS: tuple[tuple[str, int], ...] = (
     # task, of its main process, of the child's sidecar helper; SIGSTOP of the child; a GIL hold
     ("kill_pool", 2), ("kill_celery", 1), ("kill_celery_sidecar", 1), ("stop_celery", 1),
     ("gil_celery", 2),
+    # a worker paused until a sweeper claimed its job: resumed, it must be fenced out
+    ("stop_claimed", 1),
 )  # fmt: skip
 # (role, sidecar): beats on the event loop, from the sidecar helper, from the sync shell's
 # thread, from the sidecar helper
@@ -78,6 +80,7 @@ def schedule(seed: int, seconds: float) -> list[dict[str, Any]]:
         seconds_ = {
             "stop_short": rng.uniform(0.2, 0.4 * TTL),
             "stop_long": rng.uniform(1.5 * TTL, 2.5 * TTL),
+            "stop_claimed": rng.uniform(3.5 * TTL, 4.5 * TTL),  # past LIMITS.claim_within + ttl
             "gil": GIL_HOLD,
             "gil_celery": GIL_HOLD,
             "rollback": rng.uniform(0.5, 2.0),
@@ -92,6 +95,8 @@ def schedule(seed: int, seconds: float) -> list[dict[str, Any]]:
             seconds_ = rng.uniform(0.2, 2.5 * TTL)
         if kind == "kill_sidecar":
             slot = SIDECARS[slot % len(SIDECARS)]
+        if kind == "stop_claimed":  # a sidecar helper beats on while its owner is stopped
+            slot = [i for i in range(len(WORKERS)) if i not in SIDECARS][slot % 2]
         if at + seconds_ > seconds - settle:
             return out
         out.append({"at": round(at, 3), "kind": kind, "slot": slot, "seconds": round(seconds_, 3)})
@@ -295,7 +300,7 @@ class Harness:
                 record("sidecar_kill", pid)
         elif kind == "kill_sweeper":
             self._kill([a for a in self.actors if a.role == "sweeper"][fault["slot"]])
-        elif kind in ("stop_short", "stop_long"):
+        elif kind in ("stop_short", "stop_long", "stop_claimed"):
             os.kill(pid, signal.SIGSTOP)
             time.sleep(d)
             os.kill(pid, signal.SIGCONT)
