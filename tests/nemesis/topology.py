@@ -191,10 +191,14 @@ class SentinelTopology(Topology):
 
     name = "sentinel"
     faults = frozenset({"failover"})
-    DOWN_AFTER = 1000  # ms: the sentinels see a dead master down after this
+    # ms: the sentinels see a dead master down after this. Not shorter: on a loaded machine a
+    # sentinel's new link to a just promoted master can go that long unanswered, and the
+    # sentinels then fail it over again (to the old master, back empty: every job lost).
+    DOWN_AFTER = 2000
+    ARGS = ("--repl-diskless-sync-delay", "0")  # a replica's full sync starts at once
 
     def __init__(self) -> None:
-        self.nodes = [RedisServer(), RedisServer()]
+        self.nodes = [RedisServer(args=list(self.ARGS)), RedisServer(args=list(self.ARGS))]
         self.master = 0  # index of the current master in nodes
         self.sentinel_ports = [free_port() for _ in range(3)]
         self.procs: list[Any] = []
@@ -203,7 +207,7 @@ class SentinelTopology(Topology):
     def start(self) -> None:
         master, replica = self.nodes
         master.start()
-        replica.args = ["--replicaof", "127.0.0.1", str(master.port)]
+        replica.args = [*self.ARGS, "--replicaof", "127.0.0.1", str(master.port)]
         replica.start()
         self._wait(lambda: _info(replica.port, "master_link_status:up"), "the replica's sync")
         self.dir.mkdir()
@@ -226,13 +230,24 @@ class SentinelTopology(Topology):
         want = f"slaves=1,sentinels={len(self.sentinel_ports)}"
         self._wait(lambda: all(_info(p, want) for p in self.sentinel_ports), "the sentinels")
 
-    @staticmethod
-    def _wait(ok: Callable[[], bool], what: str, within: float = 30.0) -> None:
+    def _wait(self, ok: Callable[[], bool], what: str, within: float = 30.0) -> None:
         deadline = time.monotonic() + within
         while not ok():
             if time.monotonic() > deadline:
-                raise RuntimeError(f"sentinel topology: {what} did not happen in {within} s")
+                raise RuntimeError(
+                    f"sentinel topology: {what} did not happen in {within} s\n{self.logs()}"
+                )
             time.sleep(0.05)
+
+    def logs(self, tail: int = 15) -> str:
+        """The last lines of every server's and sentinel's log (a failover that failed)."""
+        paths = [Path(n.dir, "redis.log") for n in self.nodes]
+        paths += [Path(self.dir, f"sentinel-{p}.log") for p in self.sentinel_ports]
+        out = []
+        for path in paths:
+            lines = path.read_text(errors="replace").splitlines() if path.exists() else []
+            out.append(f"== {path}\n" + "\n".join(lines[-tail:]))
+        return "\n".join(out)
 
     def close(self) -> None:
         for proc in self.procs:
@@ -263,6 +278,21 @@ class SentinelTopology(Topology):
         best = max(set(ports), key=ports.count, default=None)
         return best if best is not None and ports.count(best) >= 2 else None
 
+    def _settled(self) -> bool:
+        """Every sentinel names the current master and flags it neither down nor failing over."""
+        port = self.nodes[self.master].port
+        for p in self.sentinel_ports:
+            try:
+                with redis.Redis(port=p, socket_timeout=1.0, decode_responses=True) as s:
+                    state = s.execute_command("SENTINEL", "MASTER", SENTINEL_NAME)
+            except redis.RedisError:
+                return False
+            if isinstance(state, list):  # RESP2: a flat list of names and values
+                state = dict(zip(state[::2], state[1::2], strict=True))
+            if int(state["port"]) != port or state["flags"] != "master":
+                return False
+        return True
+
     def inject(self, kind: str, seconds: float, record: Record, ctx: dict[str, Any]) -> None:
         if kind != "failover":
             super().inject(kind, seconds, record, ctx)
@@ -279,8 +309,10 @@ class SentinelTopology(Topology):
         self._wait(lambda: self._discovered() == new.port, "the failover", within=60.0)
         self.master = 1 - self.master
         record("failover", "redis")
-        # 3. the old master comes back empty; the sentinels make it the new master's replica
-        old.args = ["--replicaof", "127.0.0.1", str(new.port)]
+        # 3. once every sentinel sees the new master up (with no replica to promote meanwhile:
+        # no second failover), the old master comes back empty, as the new master's replica
+        self._wait(self._settled, "the sentinels' agreement on the new master", within=60.0)
+        old.args = [*self.ARGS, "--replicaof", "127.0.0.1", str(new.port)]
         old.restart()
         self._wait(lambda: _info(old.port, "master_link_status:up"), "the new replica's sync")
 
