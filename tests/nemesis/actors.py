@@ -102,6 +102,10 @@ async def async_worker(cfg: dict[str, Any], hist: History) -> None:
             hist.add("lease_lost", job=job, fence=fence, cause=exc.cause.name)
         except (JobpulseError, redis.RedisError, OSError, TimeoutError) as exc:
             hist.add("job_error", job=job, fence=fence, error=repr(exc))
+        except RuntimeError as exc:  # the sidecar helper was killed while the job started
+            if fence is not None or "not started: the sidecar helper" not in str(exc):
+                raise
+            hist.add("job_error", job=job, fence=fence, error=repr(exc))
             await asyncio.sleep(STEP)
 
 
@@ -138,6 +142,10 @@ def sync_worker(cfg: dict[str, Any], hist: History) -> None:
         except LeaseLost as exc:
             hist.add("lease_lost", job=job, fence=fence, cause=exc.cause.name)
         except (JobpulseError, redis.RedisError, OSError, TimeoutError) as exc:
+            hist.add("job_error", job=job, fence=fence, error=repr(exc))
+        except RuntimeError as exc:  # the sidecar helper was killed while the job started
+            if fence is not None or "not started: the sidecar helper" not in str(exc):
+                raise
             hist.add("job_error", job=job, fence=fence, error=repr(exc))
             time.sleep(STEP)
 
