@@ -182,8 +182,10 @@ class Harness:
     # -- the run
     def run(self) -> list[Record]:
         self.hist.add("schedule", seed=self.seed, faults=self.faults, topology=self.topology)
+        started = False
         try:
             self.topo.start()
+            started = True
             for i, (role, sidecar) in enumerate(WORKERS):
                 self.actors.append(_Actor(role, f"worker-{i}", self.topo.conn("worker"), sidecar))
             for i in range(SWEEPERS):
@@ -214,10 +216,13 @@ class Harness:
                     actor.proc.wait()
                     if actor.proc.stdout is not None:
                         actor.proc.stdout.close()
-            with contextlib.suppress(redis.RedisError):
-                self._dump()
-            self.topo.close()
-            self.hist.close()
+            try:
+                if started:  # (a topology that failed to start has nothing to dump)
+                    with contextlib.suppress(redis.RedisError):
+                        self._dump()
+            finally:
+                self.topo.close()
+                self.hist.close()
         return load(self.dir)
 
     def _workers(self) -> list[_Actor]:
