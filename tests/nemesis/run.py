@@ -237,7 +237,8 @@ class Harness:
 
         def record(kind_: str, target: object) -> None:
             self.hist.add("fault", kind=kind_, target=target, start=ctx["t"],
-                          end=time.monotonic(), at=fault["at"])  # fmt: skip
+                          end=time.monotonic(), at=fault["at"],
+                          **ctx.get("fields", {}))  # fmt: skip
 
         if kind == "kill":
             self._kill(worker)

@@ -304,6 +304,12 @@ class SentinelTopology(Topology):
             c.execute_command("REPLICAOF", "127.0.0.1", str(free_port()))
         time.sleep(seconds)
         # 2. the master crashes; the sentinels promote the replica, which missed those writes
+        # (how many bytes of the replication stream: in the fault's record)
+        offsets = []
+        for node, field in ((old, "master_repl_offset"), (new, "slave_repl_offset")):
+            with redis.Redis(port=node.port, socket_timeout=2.0) as c:
+                offsets.append(int(c.info("replication").get(field, 0)))
+        ctx["fields"] = {"missed_bytes": offsets[0] - offsets[1]}
         ctx["t"] = time.monotonic()
         old.stop()
         self._wait(lambda: self._discovered() == new.port, "the failover", within=60.0)
