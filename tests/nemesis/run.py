@@ -1,11 +1,15 @@
-"""The harness of a nemesis run: a private redis-server, a fault proxy between it and the workers,
-the actor processes (:mod:`tests.nemesis.actors`), and a seeded schedule of faults.
+"""The harness of a nemesis run: the servers of a topology (:mod:`tests.nemesis.topology`: one
+redis-server behind a fault proxy, Sentinel, or Cluster), the actor processes
+(:mod:`tests.nemesis.actors`), and a seeded schedule of faults.
 
 The schedule is drawn from ``random.Random(seed)`` before anything starts and depends on nothing
 else, so a seed replays the same faults in the same order at the same offsets (the processes'
 own timing differs from run to run, as it does on any machine). Faults come one after another,
 never two at once; after the last one the run goes on for ``settle`` seconds without faults, so
-that every claim can be delivered and acknowledged before the checker looks.
+that every claim can be delivered and acknowledged before the checker looks. The topology is the
+seed's (:func:`tests.nemesis.topology.for_seed`) unless one is named; its schedule holds the
+process faults and the topology's own server faults only. With ``cover`` the schedule starts with
+every kind of the topology once (a seeded order), then draws as usual: a soak's segments use it.
 """
 
 from __future__ import annotations
@@ -27,12 +31,11 @@ import redis
 
 import jobpulse.sync
 from jobpulse._protocol.keys import KeySchema
-from jobpulse._provision import RedisServer
 
-from ..faults.proxy import FaultProxy
 from ..support import ROOT
 from .checker import Limits, Violation, check, report
 from .history import History, Record, load
+from .topology import SERVER_KINDS, TOPOLOGIES, Topology, for_seed
 
 NS = "nemesis"
 SHOWN = 3  # violations printed in full per rule
@@ -42,8 +45,11 @@ INTERVAL = 0.5
 KINDS: tuple[tuple[str, int], ...] = (
     ("kill", 4), ("kill_sweeper", 1), ("stop_short", 2), ("stop_long", 2), ("gil", 2),
     ("restart", 1), ("rollback", 1), ("latency", 2), ("cut", 2), ("lost_reply", 2),
-    ("blackhole", 1), ("sleep", 1), ("kill_sidecar", 2),
+    ("blackhole", 1), ("sleep", 1), ("kill_sidecar", 2), ("failover", 3), ("migrate", 3),
 )  # fmt: skip
+# The time a fault takes beyond its ``seconds`` (kept free in the schedule): a failover's
+# detection, election and the old master's resync; a slot move's MIGRATE and SETSLOTs.
+EXTRA = {"failover": 6.0, "migrate": 0.5}
 # (role, sidecar): beats on the event loop, from the sidecar helper, from the sync shell's
 # thread, from the sidecar helper
 WORKERS = (("async-worker", False), ("async-worker", True), ("sync-worker", False),
@@ -58,16 +64,26 @@ INDEX_EVERY = 10  # the default: a dead job's index deadline is at most 10 inter
 LIMITS = Limits(ttl=TTL, cache_ttl=0.5, grace=1.0, claim_within=INDEX_EVERY * INTERVAL + 2.0)
 
 
-def schedule(seed: int, seconds: float) -> list[dict[str, Any]]:
+def kinds_of(topology: str) -> tuple[tuple[str, int], ...]:
+    """The fault kinds (and weights) of a run on ``topology``: the process faults and its own
+    server faults."""
+    own = TOPOLOGIES[topology].faults
+    return tuple((k, w) for k, w in KINDS if k not in SERVER_KINDS or k in own)
+
+
+def schedule(seed: int, seconds: float, topology: str | None = None,
+             cover: bool = False) -> list[dict[str, Any]]:  # fmt: skip
     """The faults of a run: offset ``at`` (s from the start), ``kind``, ``slot`` (which worker or
     sweeper), ``seconds`` (how long it lasts)."""
     rng = random.Random(seed)
-    kinds, weights = zip(*KINDS, strict=True)
+    kinds, weights = zip(*kinds_of(topology or for_seed(seed)), strict=True)
+    first = list(kinds) if cover else []
+    rng.shuffle(first)
     out: list[dict[str, Any]] = []
     at = 3.0
     settle = settle_time()
     while True:
-        kind = rng.choices(kinds, weights)[0]
+        kind = first.pop(0) if first else rng.choices(kinds, weights)[0]
         seconds_ = {
             "stop_short": rng.uniform(0.2, 0.4 * TTL),
             "stop_long": rng.uniform(1.5 * TTL, 2.5 * TTL),
@@ -77,13 +93,18 @@ def schedule(seed: int, seconds: float) -> list[dict[str, Any]]:
             "blackhole": rng.uniform(1.5 * TTL, 2 * TTL),
             "sleep": rng.uniform(0.5, 1.5 * TTL),
         }.get(kind, 0.0)
+        # (drawn apart: the draws above, for every kind, keep the single topology's schedules)
+        if kind == "failover":  # how long the replica misses the master's writes
+            seconds_ = rng.uniform(0.5, 3.0)
+        elif kind == "migrate":  # how long the slot is held MIGRATING / IMPORTING
+            seconds_ = rng.uniform(0.5 * TTL, 1.5 * TTL)
         slot = rng.randrange(SWEEPERS if kind == "kill_sweeper" else len(WORKERS))
         if kind == "kill_sidecar":
             slot = SIDECARS[slot % len(SIDECARS)]
-        if at + seconds_ > seconds - settle:
+        if at + seconds_ + EXTRA.get(kind, 0.0) > seconds - settle:
             return out
         out.append({"at": round(at, 3), "kind": kind, "slot": slot, "seconds": round(seconds_, 3)})
-        at += seconds_ + rng.uniform(1.0, 3.0)
+        at += seconds_ + EXTRA.get(kind, 0.0) + rng.uniform(1.0, 3.0)
 
 
 def settle_time() -> float:
@@ -109,7 +130,7 @@ def _sidecar_of(pid: int) -> int | None:
 class _Actor:
     role: str
     name: str
-    url: str
+    conn: dict[str, Any]
     sidecar: bool = False
     generation: int = 0
     proc: subprocess.Popen[str] | None = None
@@ -121,20 +142,22 @@ class Harness:
     seconds: float
     dir: Path
     faults: list[dict[str, Any]] = field(default_factory=list)
+    topology: str = "single"
 
     def __post_init__(self) -> None:
-        self.server = RedisServer(args=["--enable-debug-command", "yes"])
-        self.proxy: FaultProxy | None = None
+        self.topo: Topology = TOPOLOGIES[self.topology]()
         self.hist = History(self.dir, "harness-0")
         self.actors: list[_Actor] = []
         self.injected = 0
         self.skipped = 0  # scheduled but found nothing to hit (a sidecar kill between jobs)
+        self.by_kind: dict[str, int] = {}  # faults injected (not skipped), by kind
+        self.died: list[str] = []  # actors that exited on their own (a crash: a harness failure)
 
     # -- processes
     def _spawn(self, actor: _Actor) -> None:
         actor.generation += 1
         cfg = {"dir": str(self.dir), "proc": f"{actor.name}.{actor.generation}",
-               "url": actor.url, "ns": NS, "ttl": TTL, "interval": INTERVAL, "seed": self.seed,
+               "conn": actor.conn, "ns": NS, "ttl": TTL, "interval": INTERVAL, "seed": self.seed,
                "gil": GIL_HOLD, "redeliver_after": REDELIVER_AFTER,
                "sidecar": actor.sidecar}  # fmt: skip
         proc = subprocess.Popen(
@@ -158,55 +181,64 @@ class Harness:
 
     # -- the run
     def run(self) -> list[Record]:
-        self.hist.add("schedule", seed=self.seed, faults=self.faults)
-        self.server.start()
-        self.proxy = FaultProxy(self.server.port).start()
+        self.hist.add("schedule", seed=self.seed, faults=self.faults, topology=self.topology)
+        started = False
         try:
+            self.topo.start()
+            started = True
             for i, (role, sidecar) in enumerate(WORKERS):
-                self.actors.append(_Actor(role, f"worker-{i}", self.proxy.url, sidecar))
+                self.actors.append(_Actor(role, f"worker-{i}", self.topo.conn("worker"), sidecar))
             for i in range(SWEEPERS):
-                self.actors.append(_Actor("sweeper", f"sweeper-{i}", self.server.url))
-            self.actors.append(_Actor("async-reader", "reader-0", self.server.url))
-            self.actors.append(_Actor("sync-reader", "reader-1", self.server.url))
+                self.actors.append(_Actor("sweeper", f"sweeper-{i}", self.topo.conn("sweeper")))
+            self.actors.append(_Actor("async-reader", "reader-0", self.topo.conn("reader")))
+            self.actors.append(_Actor("sync-reader", "reader-1", self.topo.conn("reader")))
             for actor in self.actors:
                 self._spawn(actor)
             start = time.monotonic()
             for fault in self.faults:
                 time.sleep(max(0.0, start + fault["at"] - time.monotonic()))
+                skipped = self.skipped
                 self._inject(fault)
                 self.injected += 1
+                if self.skipped == skipped:
+                    self.by_kind[fault["kind"]] = self.by_kind.get(fault["kind"], 0) + 1
             self.hist.add("end_faults")
-            time.sleep(max(0.0, start + self.seconds - time.monotonic()))
+            # the settle time after the last fault even when faults ran late (a slow failover)
+            end = max(start + self.seconds, time.monotonic() + settle_time())
+            time.sleep(max(0.0, end - time.monotonic()))
             self.hist.add("end")
         finally:
             for actor in self.actors:
+                if actor.proc is not None and actor.proc.poll() is not None:
+                    self.died.append(f"{actor.name}.{actor.generation} ({actor.proc.returncode})")
                 if actor.proc is not None:
                     actor.proc.kill()
                     actor.proc.wait()
                     if actor.proc.stdout is not None:
                         actor.proc.stdout.close()
-            with contextlib.suppress(redis.RedisError):
-                self._dump()
-            self.proxy.close()
-            self.server.close()
-            self.hist.close()
+            try:
+                if started:  # (a topology that failed to start has nothing to dump)
+                    with contextlib.suppress(redis.RedisError):
+                        self._dump()
+            finally:
+                self.topo.close()
+                self.hist.close()
         return load(self.dir)
 
     def _workers(self) -> list[_Actor]:
         return [a for a in self.actors if a.role.endswith("worker")]
 
     def _inject(self, fault: dict[str, Any]) -> None:
-        assert self.proxy is not None
         kind, d = fault["kind"], fault["seconds"]
         worker = self._workers()[fault["slot"] % len(WORKERS)]
         assert worker.proc is not None
         pid = worker.proc.pid
-        t = time.monotonic()
+        ctx: dict[str, Any] = {"t": time.monotonic(), "ns": NS}  # t: the fault's start
 
         def record(kind_: str, target: object) -> None:
-            self.hist.add(
-                "fault", kind=kind_, target=target, start=t, end=time.monotonic(), at=fault["at"]
-            )
+            self.hist.add("fault", kind=kind_, target=target, start=ctx["t"],
+                          end=time.monotonic(), at=fault["at"],
+                          **ctx.get("fields", {}))  # fmt: skip
 
         if kind == "kill":
             self._kill(worker)
@@ -228,44 +260,31 @@ class Harness:
             os.kill(pid, signal.SIGUSR1)
             time.sleep(d)
             record("gil", pid)
-        elif kind == "restart":
-            Path(self.server.dir, "dump.rdb").unlink(missing_ok=True)
-            self.server.restart()
-            record("restart", "redis")
-        elif kind == "rollback":
-            with redis.Redis(port=self.server.port) as c:
-                c.save()  # the RDB the restart will load: everything written after it is lost
-            time.sleep(d)
-            t = time.monotonic()
-            self.server.restart()
-            Path(self.server.dir, "dump.rdb").unlink(missing_ok=True)
-            record("rollback", "redis")
-        elif kind == "latency":
-            self.proxy.latency, self.proxy.jitter = 0.2, 0.05
-            time.sleep(d)
-            self.proxy.latency, self.proxy.jitter = 0.0, 0.0
-            record("latency", "net")
-        elif kind == "cut":
-            self.proxy.reset()
-            record("cut", "net")
-        elif kind == "lost_reply":
-            self.proxy.drop_reply_once(b"EVALSHA").wait(2.0)
-            record("lost_reply", "net")
-        elif kind == "blackhole":
-            self.proxy.blackhole = True
-            time.sleep(d)
-            self.proxy.blackhole = False
-            record("blackhole", "net")
-        elif kind == "sleep":
-            with redis.Redis(port=self.server.port, socket_timeout=d + 5) as c:
-                c.execute_command("DEBUG", "SLEEP", f"{d:.3f}")
-            record("sleep", "redis")
+        elif kind == "migrate":
+            ctx["job"] = self._job_of(worker)
+            if ctx["job"] is None:  # its first job has not started yet: no slot to move
+                self.skipped += 1
+            else:
+                self.topo.inject(kind, d, record, ctx)
+        elif kind in SERVER_KINDS:
+            self.topo.inject(kind, d, record, ctx)
         else:
             raise ValueError(f"unknown fault kind {kind!r}")
 
+    def _job_of(self, worker: _Actor) -> str | None:
+        """The job ``worker`` runs now (or ran last), from its history file."""
+        path = Path(self.dir, f"{worker.name}.{worker.generation}.jsonl")
+        job = None
+        with contextlib.suppress(OSError):
+            for line in path.read_text(encoding="utf-8").splitlines():
+                if '"op": "acquire"' in line:
+                    with contextlib.suppress(ValueError):
+                        job = json.loads(line)["job"]
+        return job
+
     def _dump(self) -> None:
         """Each job's verdict and the ``n`` of every checkpoint in its stream, after the run."""
-        client = redis.Redis(port=self.server.port, decode_responses=True)
+        client = self.topo.admin()
         keys = KeySchema(NS)
         reader = jobpulse.sync.StatusReader(client, namespace=NS, cache_ttl=0)
         jobs = sorted({r["job"] for r in load(self.dir) if r["op"] == "acquire"})
@@ -284,24 +303,40 @@ class Harness:
         client.close()
 
 
-def run(seed: int, seconds: float, keep: str | None = None) -> tuple[list[Violation], str]:
-    """Run, check, and return the violations and a summary (printed by ``__main__``)."""
+@dataclass
+class Result:
+    """What a run checked: its violations, the summary printed, the operations checked and the
+    faults injected by kind."""
+
+    violations: list[Violation]
+    summary: str
+    operations: int
+    faults: dict[str, int]
+
+
+def run(seed: int, seconds: float, keep: str | None = None, *, topology: str | None = None,
+        cover: bool = False) -> Result:  # fmt: skip
+    """Run, check, and return the result (its summary printed by ``__main__``)."""
+    topology = topology or for_seed(seed)
     directory = Path(keep or tempfile.mkdtemp(prefix="jobpulse-nemesis-"))
     directory.mkdir(parents=True, exist_ok=True)
-    faults = schedule(seed, seconds)
-    h = Harness(seed, seconds, directory, faults)
+    faults = schedule(seed, seconds, topology, cover)
+    h = Harness(seed, seconds, directory, faults, topology)
     history = h.run()
     violations = check(history, LIMITS)
+    # an actor that crashed stops adding operations: its silence would hide what it missed
+    violations += [Violation("actor-alive", f"{name} exited on its own (its traceback is above)")
+                   for name in h.died]  # fmt: skip
     counts: dict[str, int] = {}
     for r in history:
         counts[r["op"]] = counts.get(r["op"], 0) + 1
-    kinds: dict[str, int] = {}
-    for f in faults:
-        kinds[f["kind"]] = kinds.get(f["kind"], 0) + 1
     ops = sum(v for k, v in counts.items() if k not in ("fault", "schedule", "spawn", "dump"))
     by_op = ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
-    by_kind = ", ".join(f"{k} {v}" for k, v in sorted(kinds.items()))
-    lines = [f"seed {seed}: {seconds:.0f} s, history in {directory}",
+    by_kind = ", ".join(f"{k} {v}" for k, v in sorted(h.by_kind.items()))
+    replay = f"--seed {seed} --seconds {seconds:.0f} --topology {topology}" + (
+        " --cover" if cover else "")  # fmt: skip
+    lines = [f"seed {seed}: topology {topology}, {seconds:.0f} s, history in {directory}",
+             f"  replay: python -m tests.nemesis {replay}",
              f"  operations checked: {ops} ({by_op})",
              f"  faults injected: {h.injected - h.skipped} of {h.injected} scheduled ({by_kind})",
              f"  violations: {len(violations)}"]  # fmt: skip
@@ -310,5 +345,6 @@ def run(seed: int, seconds: float, keep: str | None = None) -> tuple[list[Violat
         by_rule.setdefault(v.rule, []).append(v)
     for rule, vs in by_rule.items():
         lines.append(f"  {rule}: {len(vs)} violation(s); the first {min(len(vs), SHOWN)}:")
-        lines += [report(seed, faults, history, v, LIMITS) for v in vs[:SHOWN]]
-    return violations, "\n".join(lines)
+        lines += [report(seed, faults, history, v, LIMITS) if v.records
+                  else f"VIOLATION {v.rule}: {v.message}" for v in vs[:SHOWN]]  # fmt: skip
+    return Result(violations, "\n".join(lines), ops, dict(h.by_kind))
