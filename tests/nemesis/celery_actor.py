@@ -66,7 +66,7 @@ def _worker_app(cfg: dict[str, Any]) -> Any:
     from .actors import _gil_hold
     from .history import History
 
-    app = Celery("jobpulse_nemesis", broker=cfg["url"])
+    app = Celery("jobpulse_nemesis", broker=cfg["conn"]["url"])
     _conf(app, cfg)
     hists: dict[int, History] = {}
 
@@ -185,7 +185,7 @@ def producer(cfg: dict[str, Any]) -> None:
     from .history import History
 
     hist = History(cfg["dir"], cfg["proc"])
-    app = Celery("jobpulse_nemesis", broker=cfg["url"])
+    app = Celery("jobpulse_nemesis", broker=cfg["conn"]["url"])
     _conf(app, cfg)
     rng = random.Random(f"{cfg['seed']}-{cfg['proc']}")
     print("ready", flush=True)

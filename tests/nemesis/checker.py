@@ -22,9 +22,11 @@ TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "LOST"})
 # pid) or on Redis / the network of every worker (target "redis" / "net").
 # A GIL hold excuses nothing for a job beaten by the sidecar helper (it beats from its own process);
 # a killed helper leaves its owner alive, its job unbeaten until the owner learns it.
+# A Sentinel failover (its start: the old master's crash) leaves the jobs unbeaten until the
+# promotion and loses the writes the promoted replica missed. A slot migration excuses nothing.
 EXCUSE_STALE = frozenset({"stop", "gil", "blackhole", "restart", "rollback", "sleep",
-                          "sidecar_kill"})  # fmt: skip
-DATA_LOSS = frozenset({"restart", "rollback"})
+                          "sidecar_kill", "failover"})  # fmt: skip
+DATA_LOSS = frozenset({"restart", "rollback", "failover"})
 
 RULES = (
     "live-never-stale",

@@ -127,14 +127,22 @@ def test_a_fenced_out_write_seen_by_a_reader_is_named() -> None:
 
 @pytest.mark.parametrize(
     ("kind", "target"),
-    [("stop", W), ("gil", W), ("blackhole", "net"), ("restart", "redis"), ("sleep", "redis")],
+    [
+        ("stop", W),
+        ("gil", W),
+        ("blackhole", "net"),
+        ("restart", "redis"),
+        ("sleep", "redis"),
+        ("failover", "redis"),
+    ],
 )
 def test_a_stale_verdict_is_excused_by_a_fault_that_may_cause_it(kind: str, target: object) -> None:
     assert rules_of(clean() + BROKEN["live-never-stale"] + [fault(kind, target, 1.2, 1.4)]) == []
 
 
 @pytest.mark.parametrize(("kind", "target"), [("stop", W2), ("latency", "net"), ("cut", "net"),
-                                              ("lost_reply", "net"), ("stop", W)])  # fmt: skip
+                                              ("lost_reply", "net"), ("stop", W),
+                                              ("migrate", "slot 1: a -> b")])  # fmt: skip
 def test_a_stale_verdict_is_not_excused_by_other_faults(kind: str, target: object) -> None:
     start = -10.0 if target == W else 1.2  # W's own stop long before: no excuse either
     h = clean() + BROKEN["live-never-stale"] + [fault(kind, target, start, start + 0.2)]
@@ -175,10 +183,11 @@ def test_after_a_data_loss_the_checkpoints_since_or_else_the_last_before_must_be
     ]
 
 
-def test_a_claim_lost_with_the_data_need_not_be_delivered_again() -> None:
+@pytest.mark.parametrize("kind", ["restart", "rollback", "failover"])
+def test_a_claim_lost_with_the_data_need_not_be_delivered_again(kind: str) -> None:
     h = clean() + BROKEN["delivered-until-acked"]
-    assert rules_of([*h, fault("restart", "redis", 22.0, 22.1)]) == []
-    assert rules_of([*h, fault("restart", "redis", 20.0, 20.1)]) == ["delivered-until-acked"]
+    assert rules_of([*h, fault(kind, "redis", 22.0, 22.1)]) == []
+    assert rules_of([*h, fault(kind, "redis", 20.0, 20.1)]) == ["delivered-until-acked"]
 
 
 def test_a_terminal_read_served_from_the_cache_after_a_data_loss_is_no_final_state_after_it() -> (
