@@ -41,8 +41,8 @@ from .topology import async_client, factory, sync_client
 STEP = 0.1
 
 
-def _gil_hold(hist: History, seconds: float) -> None:
-    """On SIGUSR1, hold the GIL for about ``seconds``: ``sum(range(n))`` is one C call that
+def _gil_hold(hist: History, seconds: float, signum: int = signal.SIGUSR1) -> None:
+    """On ``signum``, hold the GIL for about ``seconds``: ``sum(range(n))`` is one C call that
     never lets another thread (a sync heartbeat's beat thread) or the event loop run."""
     t = time.perf_counter()
     sum(range(1_000_000))
@@ -53,7 +53,7 @@ def _gil_hold(hist: History, seconds: float) -> None:
         sum(range(n))
         hist.add("gil", start=start, end=time.monotonic())
 
-    signal.signal(signal.SIGUSR1, hold)
+    signal.signal(signum, hold)
 
 
 def _options(cfg: dict[str, Any]) -> dict[str, Any]:
@@ -102,10 +102,6 @@ async def async_worker(cfg: dict[str, Any], hist: History) -> None:
             hist.add("lease_lost", job=job, fence=fence, cause=exc.cause.name)
         except (JobpulseError, redis.RedisError, OSError, TimeoutError) as exc:
             hist.add("job_error", job=job, fence=fence, error=repr(exc))
-        except RuntimeError as exc:  # the sidecar helper was killed while the job started
-            if fence is not None or "not started: the sidecar helper" not in str(exc):
-                raise
-            hist.add("job_error", job=job, fence=fence, error=repr(exc))
             await asyncio.sleep(STEP)
 
 
@@ -142,10 +138,6 @@ def sync_worker(cfg: dict[str, Any], hist: History) -> None:
         except LeaseLost as exc:
             hist.add("lease_lost", job=job, fence=fence, cause=exc.cause.name)
         except (JobpulseError, redis.RedisError, OSError, TimeoutError) as exc:
-            hist.add("job_error", job=job, fence=fence, error=repr(exc))
-        except RuntimeError as exc:  # the sidecar helper was killed while the job started
-            if fence is not None or "not started: the sidecar helper" not in str(exc):
-                raise
             hist.add("job_error", job=job, fence=fence, error=repr(exc))
             time.sleep(STEP)
 

@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -46,7 +47,18 @@ KINDS: tuple[tuple[str, int], ...] = (
     ("kill", 4), ("kill_sweeper", 1), ("stop_short", 2), ("stop_long", 2), ("gil", 2),
     ("restart", 1), ("rollback", 1), ("latency", 2), ("cut", 2), ("lost_reply", 2),
     ("blackhole", 1), ("sleep", 1), ("kill_sidecar", 2), ("failover", 3), ("migrate", 3),
+    # on a Celery node (tests/nemesis/celery_actor.py; single topology only): SIGKILL of its pool
+    # child running a task, of its main process, of the child's sidecar helper; SIGSTOP of the
+    # child; a GIL hold in the child
+    ("kill_pool", 2), ("kill_celery", 1), ("kill_celery_sidecar", 1), ("stop_celery", 1),
+    ("gil_celery", 2),
+    # a worker paused until a sweeper claimed its job: resumed, it must be fenced out
+    ("stop_claimed", 1),
 )  # fmt: skip
+CELERY_KINDS = frozenset({"kill_pool", "kill_celery", "kill_celery_sidecar", "stop_celery",
+                          "gil_celery"})  # fmt: skip
+# kombu has no Redis Cluster transport; a sentinel:// broker is left for later: Celery runs on
+CELERY_TOPOLOGIES = frozenset({"single"})
 # The time a fault takes beyond its ``seconds`` (kept free in the schedule): a failover's
 # detection, election and the old master's resync; a slot move's MIGRATE and SETSLOTs.
 EXTRA = {"failover": 6.0, "migrate": 0.5}
@@ -56,6 +68,8 @@ WORKERS = (("async-worker", False), ("async-worker", True), ("sync-worker", Fals
            ("sync-worker", True))  # fmt: skip
 SIDECARS = [i for i, (_, sidecar) in enumerate(WORKERS) if sidecar]
 SWEEPERS = 2
+CELERY_NODES = 2  # prefork, one pool child each: a task restored from one runs on the other
+CELERY_EVERY = 2.5  # s between two tasks sent (each 4-8 s long, on 2 children)
 REDELIVER_AFTER = 3.0  # the sweepers' (default 60 s): a claim left unacknowledged comes back
 GIL_HOLD = 2.5 * TTL  # a worker's body holds the GIL this long on SIGUSR1
 INDEX_EVERY = 10  # the default: a dead job's index deadline is at most 10 intervals + ttl ahead
@@ -68,7 +82,9 @@ def kinds_of(topology: str) -> tuple[tuple[str, int], ...]:
     """The fault kinds (and weights) of a run on ``topology``: the process faults and its own
     server faults."""
     own = TOPOLOGIES[topology].faults
-    return tuple((k, w) for k, w in KINDS if k not in SERVER_KINDS or k in own)
+    skip = set() if topology in CELERY_TOPOLOGIES else CELERY_KINDS
+    return tuple((k, w) for k, w in KINDS
+                 if (k not in SERVER_KINDS or k in own) and k not in skip)  # fmt: skip
 
 
 def schedule(seed: int, seconds: float, topology: str | None = None,
@@ -87,7 +103,9 @@ def schedule(seed: int, seconds: float, topology: str | None = None,
         seconds_ = {
             "stop_short": rng.uniform(0.2, 0.4 * TTL),
             "stop_long": rng.uniform(1.5 * TTL, 2.5 * TTL),
+            "stop_claimed": rng.uniform(3.5 * TTL, 4.5 * TTL),  # past LIMITS.claim_within + ttl
             "gil": GIL_HOLD,
+            "gil_celery": GIL_HOLD,
             "rollback": rng.uniform(0.5, 2.0),
             "latency": rng.uniform(1.0, 4.0),
             "blackhole": rng.uniform(1.5 * TTL, 2 * TTL),
@@ -99,8 +117,14 @@ def schedule(seed: int, seconds: float, topology: str | None = None,
         elif kind == "migrate":  # how long the slot is held MIGRATING / IMPORTING
             seconds_ = rng.uniform(0.5 * TTL, 1.5 * TTL)
         slot = rng.randrange(SWEEPERS if kind == "kill_sweeper" else len(WORKERS))
+        if kind in CELERY_KINDS:
+            slot %= CELERY_NODES
+        if kind == "stop_celery":
+            seconds_ = rng.uniform(0.2, 2.5 * TTL)
         if kind == "kill_sidecar":
             slot = SIDECARS[slot % len(SIDECARS)]
+        if kind == "stop_claimed":  # a sidecar helper beats on while its owner is stopped
+            slot = [i for i in range(len(WORKERS)) if i not in SIDECARS][slot % 2]
         if at + seconds_ + EXTRA.get(kind, 0.0) > seconds - settle:
             return out
         out.append({"at": round(at, 3), "kind": kind, "slot": slot, "seconds": round(seconds_, 3)})
@@ -115,15 +139,26 @@ def settle_time() -> float:
 
 def _sidecar_of(pid: int) -> int | None:
     """The pid of the sidecar helper process of worker ``pid`` (a child), if it runs."""
+    return _child_of(pid, b"sidecar")
+
+
+def _child_of(pid: int, mark: bytes) -> int | None:
+    """The pid of a child of ``pid`` whose command line holds ``mark``, if one runs."""
+    return next(iter(_children_of(pid, mark)), None)
+
+
+def _children_of(pid: int, mark: bytes) -> list[int]:
+    """The pids of the children of ``pid`` whose command line holds ``mark``."""
     try:
         children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
     except OSError:
-        return None
+        return []
+    out = []
     for child in map(int, children):
         with contextlib.suppress(OSError):
-            if b"sidecar" in Path(f"/proc/{child}/cmdline").read_bytes():
-                return child
-    return None
+            if mark in Path(f"/proc/{child}/cmdline").read_bytes():
+                out.append(child)
+    return out
 
 
 @dataclass
@@ -152,6 +187,7 @@ class Harness:
         self.skipped = 0  # scheduled but found nothing to hit (a sidecar kill between jobs)
         self.by_kind: dict[str, int] = {}  # faults injected (not skipped), by kind
         self.died: list[str] = []  # actors that exited on their own (a crash: a harness failure)
+        self.sessions: list[int] = []  # the process groups of the Celery nodes ever started
 
     # -- processes
     def _spawn(self, actor: _Actor) -> None:
@@ -159,16 +195,21 @@ class Harness:
         cfg = {"dir": str(self.dir), "proc": f"{actor.name}.{actor.generation}",
                "conn": actor.conn, "ns": NS, "ttl": TTL, "interval": INTERVAL, "seed": self.seed,
                "gil": GIL_HOLD, "redeliver_after": REDELIVER_AFTER,
-               "sidecar": actor.sidecar}  # fmt: skip
+               "sidecar": actor.sidecar, "every": CELERY_EVERY}  # fmt: skip
+        module, role, celery = "tests.nemesis.actors", actor.role, actor.role.startswith("celery-")
+        if celery:  # in a session of its own: its pool children are killed with it at the end
+            module, role = "tests.nemesis.celery_actor", role.removeprefix("celery-")
         proc = subprocess.Popen(
-            [sys.executable, "-m", "tests.nemesis.actors", actor.role, json.dumps(cfg)],
-            cwd=ROOT, stdout=subprocess.PIPE, text=True,
+            [sys.executable, "-m", module, role, json.dumps(cfg)],
+            cwd=ROOT, stdout=subprocess.PIPE, text=True, start_new_session=celery,
         )  # fmt: skip
         assert proc.stdout is not None
         line = proc.stdout.readline()
         if not line.startswith("ready"):
             raise RuntimeError(f"{actor.role} did not start: {line!r}")
         actor.proc = proc
+        if actor.role.startswith("celery-"):
+            self.sessions.append(proc.pid)
         self.hist.add("spawn", role=actor.role, name=cfg["proc"], child=proc.pid)
 
     def _kill(self, actor: _Actor) -> None:
@@ -190,6 +231,11 @@ class Harness:
                 self.actors.append(_Actor(role, f"worker-{i}", self.topo.conn("worker"), sidecar))
             for i in range(SWEEPERS):
                 self.actors.append(_Actor("sweeper", f"sweeper-{i}", self.topo.conn("sweeper")))
+            if self.topology in CELERY_TOPOLOGIES:
+                for i in range(CELERY_NODES):
+                    self.actors.append(_Actor("celery-worker", f"qworker-{i}",
+                                              self.topo.conn("worker")))  # fmt: skip
+                self.actors.append(_Actor("celery-producer", "qproducer", self.topo.conn("reader")))
             self.actors.append(_Actor("async-reader", "reader-0", self.topo.conn("reader")))
             self.actors.append(_Actor("sync-reader", "reader-1", self.topo.conn("reader")))
             for actor in self.actors:
@@ -216,6 +262,9 @@ class Harness:
                     actor.proc.wait()
                     if actor.proc.stdout is not None:
                         actor.proc.stdout.close()
+            for pgid in self.sessions:  # Celery nodes, with the pool children of killed ones
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(pgid, signal.SIGKILL)
             try:
                 if started:  # (a topology that failed to start has nothing to dump)
                     with contextlib.suppress(redis.RedisError):
@@ -226,9 +275,46 @@ class Harness:
         return load(self.dir)
 
     def _workers(self) -> list[_Actor]:
-        return [a for a in self.actors if a.role.endswith("worker")]
+        return [a for a in self.actors if a.role in ("async-worker", "sync-worker")]
+
+    def _celery(self, fault: dict[str, Any]) -> None:
+        """Inject a fault on a Celery node (:mod:`tests.nemesis.celery_actor`)."""
+        kind, d = fault["kind"], fault["seconds"]
+        node = [a for a in self.actors if a.role == "celery-worker"][fault["slot"]]
+        assert node.proc is not None
+        t = time.monotonic()
+        if kind == "kill_celery":  # the main process; billiard's pdeathsig SIGKILLs its children
+            children = _children_of(node.proc.pid, b"celery_actor")
+            self._kill(node)
+            for child in children:
+                self.hist.add("fault", kind="kill", target=child, start=t, end=t, via="pdeathsig")
+            return
+        child = _child_of(node.proc.pid, b"celery_actor")
+        target = None if child is None else _sidecar_of(child) if "sidecar" in kind else child
+        if target is None:  # a child being replaced, or a child between two tasks (no helper)
+            self.skipped += 1
+            return
+        if kind == "kill_pool":
+            os.kill(target, signal.SIGKILL)
+            self.hist.add("fault", kind="kill", target=target, start=t, end=t, at=fault["at"])
+            return
+        if kind == "kill_celery_sidecar":
+            os.kill(target, signal.SIGKILL)
+        elif kind == "stop_celery":
+            os.kill(target, signal.SIGSTOP)
+            time.sleep(d)
+            os.kill(target, signal.SIGCONT)
+        else:
+            os.kill(target, signal.SIGUSR2)  # SIGUSR1 is billiard's soft time limit
+            time.sleep(d)
+        what = {"kill_celery_sidecar": "sidecar_kill", "stop_celery": "stop", "gil_celery": "gil"}
+        self.hist.add("fault", kind=what[kind], target=child, start=t, end=time.monotonic(),
+                      at=fault["at"])  # fmt: skip
 
     def _inject(self, fault: dict[str, Any]) -> None:
+        if fault["kind"] in CELERY_KINDS:
+            self._celery(fault)
+            return
         kind, d = fault["kind"], fault["seconds"]
         worker = self._workers()[fault["slot"] % len(WORKERS)]
         assert worker.proc is not None
@@ -251,7 +337,7 @@ class Harness:
                 record("sidecar_kill", pid)
         elif kind == "kill_sweeper":
             self._kill([a for a in self.actors if a.role == "sweeper"][fault["slot"]])
-        elif kind in ("stop_short", "stop_long"):
+        elif kind in ("stop_short", "stop_long", "stop_claimed"):
             os.kill(pid, signal.SIGSTOP)
             time.sleep(d)
             os.kill(pid, signal.SIGCONT)
@@ -335,7 +421,12 @@ def run(seed: int, seconds: float, keep: str | None = None, *, topology: str | N
     by_kind = ", ".join(f"{k} {v}" for k, v in sorted(h.by_kind.items()))
     replay = f"--seed {seed} --seconds {seconds:.0f} --topology {topology}" + (
         " --cover" if cover else "")  # fmt: skip
-    lines = [f"seed {seed}: topology {topology}, {seconds:.0f} s, history in {directory}",
+    # the history is kept when asked (--keep) or when a rule broke, else deleted
+    kept = keep is not None or bool(violations)
+    if not kept:
+        shutil.rmtree(directory, ignore_errors=True)
+    where = f"history in {directory}" if kept else "history deleted (no violation; --keep keeps it)"
+    lines = [f"seed {seed}: topology {topology}, {seconds:.0f} s, {where}",
              f"  replay: python -m tests.nemesis {replay}",
              f"  operations checked: {ops} ({by_op})",
              f"  faults injected: {h.injected - h.skipped} of {h.injected} scheduled ({by_kind})",
