@@ -14,6 +14,7 @@ so the figures hold the Node process's own commands and nothing of the harness.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -51,7 +52,8 @@ class NodePeer:
     """One Node process holding ``jobs`` active BullMQ jobs (each with its lock token) on the
     server at ``port``: ``with NodePeer(port, jobs) as peer: peer.ask("both 1000 0")``."""
 
-    def __init__(self, port: int, jobs: int) -> None:
+    def __init__(self, port: int, jobs: int, cpus: set[int] | None = None) -> None:
+        """``cpus``: the CPUs the Node process may run on (default: any)."""
         ensure_installed()
         self.proc = subprocess.Popen(
             ["node", str(SCRIPT), str(port), str(jobs)],
@@ -60,6 +62,7 @@ class NodePeer:
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
+            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
         )
         self._read()  # {"ready": true}, after setup and the warm-up calls
 
