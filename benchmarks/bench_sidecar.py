@@ -14,7 +14,7 @@ same shell beating from a thread of the worker (``sidecar=False``). Each worker:
 
 Then beats under a GIL hold: a fresh sync worker per side enters one job (interval 0.25 s,
 ttl 1 s) and runs one C call that holds the GIL for ~3 s (``sum(range(n))``, calibrated in the
-worker), while this process reads the job every 50 ms with a ``StatusReader`` (cache off): the
+worker; 2 s in a --quick run), while this process reads the job every 50 ms with a ``StatusReader`` (cache off): the
 beats written during the hold (``seq`` before and after) and the reads that said STALE.
 
 Run: ``python -m benchmarks.bench_sidecar [--quick]`` (prints JSON).
@@ -163,7 +163,7 @@ with jobpulse.sync.heartbeat(client, job, namespace="gil", interval=0.25, ttl=1.
 GIL_HOLD = 3.0
 
 
-async def _gil_side(url: str, sidecar: bool, job: str) -> dict[str, Any]:
+async def _gil_side(url: str, sidecar: bool, job: str, hold: float) -> dict[str, Any]:
     import asyncio
 
     import redis.asyncio as aioredis
@@ -173,7 +173,7 @@ async def _gil_side(url: str, sidecar: bool, job: str) -> dict[str, Any]:
     client = aioredis.Redis.from_url(url)
     reader = StatusReader(client, namespace="gil", cache_ttl=0)
     proc = await asyncio.create_subprocess_exec(
-        sys.executable, "-c", GIL_WORKER, url, "1" if sidecar else "0", job, str(GIL_HOLD),
+        sys.executable, "-c", GIL_WORKER, url, "1" if sidecar else "0", job, str(hold),
         stdout=asyncio.subprocess.PIPE,
     )  # fmt: skip
     assert proc.stdout is not None
@@ -196,11 +196,11 @@ async def _gil_side(url: str, sidecar: bool, job: str) -> dict[str, Any]:
             "stale_reads": stale, "final": final.value}  # fmt: skip
 
 
-def gil_hold(url: str) -> dict[str, Any]:
+def gil_hold(url: str, hold: float = GIL_HOLD) -> dict[str, Any]:
     import asyncio
 
     return {
-        side: asyncio.run(_gil_side(url, side == "sidecar", f"hold-{side}"))
+        side: asyncio.run(_gil_side(url, side == "sidecar", f"hold-{side}", hold))
         for side in ("in_loop", "sidecar")
     }
 
@@ -209,10 +209,10 @@ STARTS = 7
 """Fresh processes per side for the start-up time (alternating sides; the median is shown)."""
 
 
-def startups(url: str) -> tuple[float, float]:
+def startups(url: str, starts: int = STARTS) -> tuple[float, float]:
     """Median first-job start-up (s) of fresh processes: (in-loop, sidecar)."""
     times: dict[bool, list[float]] = {False: [], True: []}
-    for i in range(STARTS):
+    for i in range(starts):
         for sidecar in (False, True):
             args = [sys.executable, "-c", STARTUP, url, "1" if sidecar else "0", f"s{i}{sidecar}"]
             out = subprocess.run(args, capture_output=True, text=True, check=True, timeout=120)
@@ -242,14 +242,15 @@ def side(
 
 
 def run(quick: bool = False, soak: bool = False) -> dict[str, Any]:
-    jobs, seconds = (200, 5.0) if quick else (1000, 20.0)
+    jobs, seconds = (200, 3.0) if quick else (1000, 20.0)
+    starts = 3 if quick else STARTS
     with private_redis() as server:
         inloop = side(server.url, False, jobs, seconds)
         helper = side(server.url, True, jobs, seconds)
-        inloop["startup_s"], helper["startup_s"] = startups(server.url)
+        inloop["startup_s"], helper["startup_s"] = startups(server.url, starts)
         ainloop = side(server.url, False, jobs, seconds, ASYNC_WORKER)
         ahelper = side(server.url, True, jobs, seconds, ASYNC_WORKER)
-        gil = gil_hold(server.url)
+        gil = gil_hold(server.url, 2.0 if quick else GIL_HOLD)
     acpu_ratio = ahelper["cpu_pct_per_1000"] / max(ainloop["cpu_pct_per_1000"], 1e-9)
     aadded_p99 = ahelper["checkpoint_p99_ms"] - ainloop["checkpoint_p99_ms"]
     cpu_ratio = helper["cpu_pct_per_1000"] / max(inloop["cpu_pct_per_1000"], 1e-9)
@@ -267,7 +268,7 @@ def run(quick: bool = False, soak: bool = False) -> dict[str, Any]:
             "is psutil's user+system time of the worker plus its helper over that window, "
             "scaled to 1,000 beats/s; then 200 checkpoints in a row on one more job. Start-up: "
             f"the first `with heartbeat(...)` entry of a fresh process (after import), the "
-            f"median of {STARTS} fresh processes per side, alternating. The machine is shared "
+            f"median of {starts} fresh processes per side, alternating. The machine is shared "
             "by several agents (load average often above 5 on 2 cores): read the ratios."
             + (" --quick: a short run, expect noise." if quick else "")
         ),

@@ -201,12 +201,17 @@ def build(data: dict[str, Any], method: str = "") -> dict[str, Any]:
                     "notes",
                 ],
                 "rows": steps or [["-", "-", "-", "-", "-", "-", data.get("capacity_skipped", "")]],
-                "note": "Each process beats its jobs flat out (jobpulse: 1,000 jobs through the "
-                "ticker; seed: 100 jobs, one task each, a 100-connection pool; BullMQ: 200 jobs "
-                "in one Node process). A process is added while updates/s still rise by 5 % "
-                "and Redis is under 90 % of a core; on 2 shared cores the client processes, "
-                "not Redis, set the ceiling, so the per-core figure is updates/s over the "
-                "server's CPU seconds at the load reached, not a run at 100 % of a core.",
+                "note": "Redis pinned alone on one CPU, the client processes on the other; each "
+                "process sends as many updates as it can (jobpulse: "
+                f"{SATURATE['jobpulse'][0]:,} jobs through the ticker; seed: "
+                f"{SATURATE['seed'][0]} jobs, one task each, a 100-connection pool; BullMQ: "
+                f"{SATURATE['bullmq'][0]} jobs in one Node process, every job's updateProgress "
+                "then one extendLocks of all per round). A process is added (the earlier ones "
+                "keep running) while updates/s still rise by 5 % and Redis is under 90 % of its "
+                "core; updates are counted by the clients, Redis's CPU by INFO, in one window. "
+                "The per-core figure is updates/s over the server's CPU seconds at the load "
+                "reached (see the Issue 28 section's method for why, and what the steps "
+                "cross-check).",
             },
         ],
         "data": data,
@@ -286,17 +291,11 @@ def _findings(
     cap = data.get("capacity") or {}
     best = (cap.get("jobpulse") or {}).get("best")
     if best and best["per_core"] < 100_000:
-        limit = (
-            "Redis itself"
-            if best["server_core"] >= 0.9
-            else "the client processes: on 2 cores they take the core Redis does not, so the "
-            f"server reached only {100 * best['server_core']:.0f} % of a core; the figure is "
-            "updates/s over the server's CPU seconds in that window"
-        )
         out.append(
             f"Live jobs at 1 Hz per Redis core: {best['per_core']:,.0f} (goal ≥ 100,000), "
-            f"measured with {best['procs']} client processes of {SATURATE['jobpulse'][0]:,} "
-            f"jobs each beating flat out; limited by {limit}."
+            f"derived at {100 * best['server_core']:.0f} % of Redis's core with {best['procs']} "
+            f"client process(es) of {SATURATE['jobpulse'][0]:,} jobs each (see the Issue 28 "
+            "section: the clients' one core runs out before Redis's)."
         )
     for n, row in data["client_cpu"].items():
         net = row["jobpulse_net_pct_per_1k"]

@@ -19,6 +19,7 @@ DOCS = ROOT / "docs" / "benchmarks.md"
 IMG = ROOT / "docs" / "img"
 
 ORDER = [
+    "goals",
     "goals19",
     "progress",
     "beat",
@@ -198,15 +199,19 @@ def _machine(m: dict[str, Any]) -> list[str]:
 def render(quick: bool = False) -> Path:
     folder = results_dir(quick)
     found = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
-    names = [n for n in ORDER if n in found] + sorted(n for n in found if n not in ORDER)
     img = folder / "img" if quick else IMG
     img_ref = "img"
     out = folder / "benchmarks.md" if quick else DOCS
     machine = next((r["machine"] for r in found.values() if "machine" in r), {})
     if "goals19" in found:  # its table also shows the read, reader and progress rows
+        from . import goals28
         from .goals_report import merge
 
         merge(found)
+        section = goals28.build(found)  # issue 28's table: only results of goals19's run
+        if section is not None:
+            found[section["name"]] = section
+    names = [n for n in ORDER if n in found] + sorted(n for n in found if n not in ORDER)
 
     lines = [
         "# Benchmarks",
