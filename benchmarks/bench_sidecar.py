@@ -14,8 +14,9 @@ same shell beating from a thread of the worker (``sidecar=False``). Each worker:
 
 Then beats under a GIL hold: a fresh sync worker per side enters one job (interval 0.25 s,
 ttl 1 s) and runs one C call that holds the GIL for ~3 s (``sum(range(n))``, calibrated in the
-worker; 2 s in a --quick run), while this process reads the job every 50 ms with a ``StatusReader`` (cache off): the
-beats written during the hold (``seq`` before and after) and the reads that said STALE.
+worker; 2 s in a --quick run), while this process reads the job every 50 ms with a
+``StatusReader`` (cache off): the beats written during the hold (``seq`` before and after) and
+the reads that said STALE.
 
 Run: ``python -m benchmarks.bench_sidecar [--quick]`` (prints JSON).
 """
