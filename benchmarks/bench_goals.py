@@ -9,9 +9,12 @@ run, and what a beat's server time is made of.
    + `job.extendLock` (`benchmarks/bullmq.py`); bytes in + out per beat from the same windows.
 2. Redis CPU µs per update with 1,000 jobs at once at 1 Hz: `used_cpu_sys + used_cpu_user`
    delta of the private server divided by the updates (`benchmarks/load.py`).
-3. Live jobs at 1 Hz per Redis core, at saturation: as many client processes as it takes (or
-   as the two cores allow) drive one private server flat out; updates/s counted by the server
-   (commandstats) over the server's CPU seconds (INFO) in the same window.
+3. Live jobs at 1 Hz per Redis core: redis-server pinned alone on one CPU, client processes on
+   the other, added one at a time while they raise updates/s (or until Redis reaches 90 % of its
+   core); updates/s counted by the clients over the server's CPU seconds (INFO) in the same
+   window, i.e. 1 core / server CPU per update (why: see ``benchmarks/goals28.py``). BullMQ:
+   every job's ``updateProgress`` then one ``extendLocks`` of all jobs per round; BullMQ's
+   server CPU per update at 1,000 jobs at 1 Hz (progress, lock renewal, both) beside row 2.
 4. Heartbeat client CPU per 1,000 beats/s at 2,000 and 10,000 jobs at 1 Hz, minus the CPU of the
    same job bodies run without a heartbeat; raw pipelined hiredis (`floor`) as the floor.
 5. What a beat's server time is made of (ablation): variants of a script, each run on a private
