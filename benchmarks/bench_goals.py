@@ -343,7 +343,26 @@ def _window(probe: Probe, loaders: list[_Loader], seconds: float) -> dict[str, f
     }
 
 
-def saturate(design: str, max_procs: int, seconds: float, settle: float = 2.0) -> dict[str, Any]:
+def _settle(loaders: list[_Loader], most: float, step: float = 1.0) -> None:
+    """Wait until the loaders' summed rate over two successive ``step`` s differs by < 10 %
+    (every process past its start-up and warm-up), at most ``most`` seconds."""
+    t_end = time.monotonic() + most
+    last = None
+
+    def total() -> int:
+        return sum(ld.mark()[0] for ld in loaders)
+
+    u0 = total()
+    while time.monotonic() < t_end:
+        time.sleep(step)
+        u1 = total()
+        rate, u0 = u1 - u0, u1
+        if last is not None and rate > 0 and abs(rate - last) < 0.1 * rate:
+            return
+        last = rate
+
+
+def saturate(design: str, max_procs: int, seconds: float, settle: float = 10.0) -> dict[str, Any]:
     """Redis pinned alone on one CPU, client processes of ``design`` on the other(s), added one
     at a time (the earlier ones keep running) until Redis uses ≥ 90 % of its CPU or one more
     process raises updates/s by < 5 %. Each step: updates/s (counted by the clients) over the
@@ -364,7 +383,7 @@ def saturate(design: str, max_procs: int, seconds: float, settle: float = 2.0) -
                 except (RuntimeError, bullmq.Unavailable) as exc:
                     steps.append({"procs": procs, "failed": str(exc)[-200:]})
                     break
-                time.sleep(settle)  # every process past its setup and warm-up
+                _settle(loaders, settle)
                 step = {"procs": procs, "jobs": n * procs, **_window(probe, loaders, seconds)}
                 steps.append(step)
                 print(
