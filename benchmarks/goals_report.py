@@ -118,7 +118,7 @@ def build(data: dict[str, Any], method: str = "") -> dict[str, Any]:
     )
     rows.append(
         [
-            "live jobs at 1 Hz per Redis core (at saturation)",
+            "live jobs at 1 Hz per Redis core (1 core / server CPU per update, Redis pinned alone)",
             cap_cell("jobpulse"),
             f"seed {cap_cell('seed')} · BullMQ {cap_cell('bullmq')}",
             "",
