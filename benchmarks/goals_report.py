@@ -151,9 +151,11 @@ def build(data: dict[str, Any], method: str = "") -> dict[str, Any]:
             if "failed" in st:
                 steps.append([design, str(st["procs"]), "-", "-", "-", "-", st["failed"]])
                 continue
+            clients = st.get("client_cores")
+            extra = "" if clients is None else f"clients' CPU {100 * clients:.0f} % of a core"
             steps.append([design, str(st["procs"]), f"{st['jobs']:,}",
                           f"{st['updates_per_s']:,.0f}", f"{100 * st['server_core']:.0f}",
-                          f"{st['per_core']:,.0f}", ""])  # fmt: skip
+                          f"{st['per_core']:,.0f}", extra])  # fmt: skip
         if "skipped" in c:
             steps.append([design, "-", "-", "-", "-", "-", f"not measured ({c['skipped']})"])
     for i, row in enumerate(rows[: len(BEFORE)]):
