@@ -223,8 +223,10 @@ def render(quick: bool = False) -> Path:
         "How much jobpulse costs the computation, Redis and the worker process, side by side "
         "with the seed pattern (a Lua lock renew plus a pipelined HSET + EXPIRE) and with what "
         "Python job queues do for progress (SAQ, RQ, Celery) and BullMQ (Node) does for progress "
-        "plus its lock. The first section is issue 19's goal table after the beat diet, with "
-        "the figures measured before it beside each row. Every figure is shown beside a "
+        "plus its lock. The first section is issue 28's goal table, every row from one "
+        "`--only goals` run beside the seed and BullMQ, with the sidecar's rows; then issue "
+        "19's table of the beat diet, with the figures measured before it. Every figure is "
+        "shown beside a "
         "baseline measured in the same run, because the machine is shared and noisy: read the "
         "ratios, not the absolute numbers.",
         "",
