@@ -236,9 +236,10 @@ def client_cpu(url: str, sizes: list[int], warmup: float, window: float) -> dict
 
 def pinning() -> tuple[set[int], set[int]] | None:
     """(server CPUs, client CPUs) for the capacity run: Redis alone on the first CPU this
-    process may use, every client process on the others; None with fewer than two CPUs."""
+    process may use, every client process on the others; None with fewer than two CPUs or
+    without ``taskset`` (util-linux)."""
     cpus = sorted(os.sched_getaffinity(0))
-    if len(cpus) < 2:
+    if len(cpus) < 2 or shutil.which("taskset") is None:
         return None
     return {cpus[0]}, set(cpus[1:])
 
@@ -246,11 +247,7 @@ def pinning() -> tuple[set[int], set[int]] | None:
 def _pin_server(pid: int, cpus: set[int]) -> None:
     """Pin every thread of the redis-server (its main thread and its bio threads)."""
     spec = ",".join(map(str, sorted(cpus)))
-    if shutil.which("taskset"):
-        subprocess.run(["taskset", "-a", "-p", "-c", spec, str(pid)], check=True,
-                       capture_output=True)  # fmt: skip
-    else:
-        os.sched_setaffinity(pid, cpus)
+    subprocess.run(["taskset", "-a", "-p", "-c", spec, str(pid)], check=True, capture_output=True)
 
 
 class _Loader:
@@ -271,15 +268,14 @@ class _Loader:
             self.peer.ask("load 0")
             self.proc: subprocess.Popen[str] = self.peer.proc
         else:
-            cmd = [sys.executable, "-m", "benchmarks.load", "--marks", design, server.url,
-                   str(n), str(interval)]  # fmt: skip
+            load = ["-m", "benchmarks.load", "--marks", design, server.url, str(n), str(interval)]
+            cmd = [*bullmq.pinned(cpus), sys.executable, *load]
             self.proc = subprocess.Popen(
                 cmd,
                 stdin=subprocess.PIPE,
                 stdout=subprocess.PIPE,
                 stderr=subprocess.PIPE,
                 text=True,
-                preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
             )
             ready = threading.Event()
             threading.Thread(target=self._watch, args=(ready,), daemon=True).start()

@@ -14,7 +14,6 @@ so the figures hold the Node process's own commands and nothing of the harness.
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
 from pathlib import Path
@@ -22,6 +21,16 @@ from typing import IO, Any
 
 NODE_DIR = Path(__file__).resolve().parent / "node"
 SCRIPT = NODE_DIR / "bullmq_bench.mjs"
+
+
+def pinned(cpus: set[int] | None) -> list[str]:
+    """The command prefix that runs a program on ``cpus`` only (``taskset -c``; empty for any
+    CPU). Not ``preexec_fn``: the harness starting these processes has threads."""
+    if not cpus:
+        return []
+    if shutil.which("taskset") is None:
+        raise Unavailable("taskset missing")
+    return ["taskset", "-c", ",".join(map(str, sorted(cpus)))]
 
 
 class Unavailable(RuntimeError):
@@ -56,13 +65,12 @@ class NodePeer:
         """``cpus``: the CPUs the Node process may run on (default: any)."""
         ensure_installed()
         self.proc = subprocess.Popen(
-            ["node", str(SCRIPT), str(port), str(jobs)],
+            [*pinned(cpus), "node", str(SCRIPT), str(port), str(jobs)],
             cwd=NODE_DIR,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
-            preexec_fn=(lambda: os.sched_setaffinity(0, cpus)) if cpus else None,
         )
         self._read()  # {"ready": true}, after setup and the warm-up calls
 
