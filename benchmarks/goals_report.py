@@ -50,7 +50,7 @@ def build(data: dict[str, Any], method: str = "") -> dict[str, Any]:
             return f"BullMQ not measured ({bull_skip})"
         return (
             f"BullMQ progress {b['progress'][key]:.1f}, lock {b['lock'][key]:.1f} "
-            f"(both {b['both'][key]:.1f})"
+            f"(sum {b['both'][key]:.1f})"
         )
 
     for mode, label in (
