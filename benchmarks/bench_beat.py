@@ -104,7 +104,9 @@ def back_to_back(url: str, probe: Probe, count: int) -> dict[str, float]:
     client = redis.Redis.from_url(url)
     job = f"hot-{time.time_ns()}"
     keys = KeySchema(NS).job(job).all()
-    reply = client.eval(SCRIPTS.acquire.text, 5, *keys, "tok", 6000, 1000, "w", "", "", "", "")
+    reply = client.eval(
+        SCRIPTS.acquire.text, len(keys), *keys, "tok", 6000, 1000, "w", "", "", "", ""
+    )
     fence, seq = int(reply[1]), int(reply[3])
     client.script_load(SCRIPTS.beat.text)
     renew = client.register_script(RENEW)

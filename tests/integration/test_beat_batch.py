@@ -62,9 +62,9 @@ async def test_each_job_of_a_batch_is_checked_and_answered_on_its_own(
     schema = KeySchema(ns)
     ok, fenced, taken, behind = (schema.job(i) for i in same_slot_ids(4))
     state = {k: await started(client, k) for k in (ok, fenced, taken, behind)}
-    await client.delete(fenced.lease, fenced.alive)  # a claim moved the fence on: lease gone
+    await client.delete(fenced.alive)  # a claim moved the fence on: alive gone
     await client.set(fenced.fence, state[fenced][0] + 1)
-    await client.set(taken.lease, "someone-else")  # another worker holds the lease
+    await client.set(taken.alive, "someone-else:1")  # another worker holds the lease
     await client.hset(behind.state, "seq", 50)  # a newer snapshot than the beat's
 
     batch = [
@@ -82,7 +82,7 @@ async def test_each_job_of_a_batch_is_checked_and_answered_on_its_own(
     assert await client.hget(ok.state, "done") == b"7"
     for refused in (fenced, taken, behind):
         assert await client.hget(refused.state, "done") == b"0"  # nothing written
-    assert await client.get(taken.lease) == b"someone-else"
+    assert await client.get(taken.alive) == b"someone-else:1"
     assert await client.get(fenced.alive) is None  # not renewed for a fenced-out beat
 
     again = await calls.run(client, calls.beats(batch))  # a client retry of the same call

@@ -360,7 +360,7 @@ async def test_a_beat_behind_what_landed_answers_resend_everything_and_so_does_i
     first = await calls.run(client, at(seq + 3, seq + 2, 600))
     again = await calls.run(client, at(seq + 3, seq + 2, 600))  # the client's retry
     assert first.code is again.code is calls.BeatCode.RESEND_STATIC
-    assert await client.get(keys.lease) == b"tok"  # renewed (re-taken when it was gone)
+    assert await client.get(keys.alive) == f"tok:{fence}".encode()  # renewed, or re-taken
     after = await client.hgetall(keys.state)
     assert after == {**before, b"status": b"RUNNING", b"fence": str(fence).encode()}
     assert await client.xlen(keys.events) == entries  # no entry either
@@ -469,15 +469,15 @@ async def test_a_final_write_replayed_after_new_attempts_answers_already_ended(
     fence_b, attempt_b, seq_b = await acquire("tokB")
     assert attempt_b == 2
     assert await calls.run(client, a) is calls.FinishCode.ALREADY_ENDED  # B is running
-    assert await client.get(keys.lease) == b"tokB"
+    assert await client.get(keys.alive) == f"tokB:{fence_b}".encode()
     assert await calls.run(client, finish("tokB", fence_b, seq_b + 1)) is calls.FinishCode.WRITTEN
     assert await calls.run(client, a) is calls.FinishCode.ALREADY_ENDED  # B ended too
     await acquire("tokC")
     assert await calls.run(client, a) is calls.FinishCode.ALREADY_ENDED  # C is running
 
-    # C's lease and liveness expire and D starts: C never wrote an end, so it is taken over
+    # C's alive key expires and D starts: C never wrote an end, so it is taken over
     fence_c = int(await client.hget(keys.state, "fence"))
-    await client.delete(keys.lease, keys.alive)
+    await client.delete(keys.alive)
     await acquire("tokD")
     taken = await calls.run(client, finish("tokC", fence_c, 99))
     assert taken is calls.FinishCode.TAKEN_OVER

@@ -348,7 +348,14 @@ def acquire(
 ) -> Call[AcquireReply]:
     """Take the lease (``acquire.lua``): ``total`` and ``meta`` encoded (``""``: none),
     ``details`` the start entry's JSON, ``latest`` the latest start in server ms (``""``: no
-    limit)."""
+    limit). ``token`` is the first field of ``alive``'s value (``<token>:<fence>``), so it
+    must be non-empty and hold no ``:``.
+
+    Raises:
+        ValueError: a token that would not split back out of ``alive``'s value.
+    """
+    if not isinstance(token, str) or not token or ":" in token:
+        raise ValueError(f"an owner token is a non-empty str without ':', got {token!r}")
     args = (token, ttl_ms, maxlen, worker, total, meta, details, kind, latest)
     return Call(SCRIPTS.acquire, keys, args, _decode_acquire)
 

@@ -3,7 +3,7 @@
   liveness and (sometimes) a checkpoint entry. Every job is checked on its own (owner, fence,
   seq) and answered on its own; the server time is read once for the whole batch.
 
-  KEYS  5 per job: job j (0-based) has KEYS[5j+1 .. 5j+5] = state, events, lease, alive, fence
+  KEYS  4 per job: job j (0-based) has KEYS[4j+1 .. 4j+4] = state, events, alive, fence
         (see _lib.lua); all in one hash slot on a cluster (a batch there is one job, or jobs
         whose ids share a slot)
   ARGV  one segment per job, in the order of the keys:
@@ -38,7 +38,7 @@
           -1 taken over; -2 fenced out (nothing written in either case)
     cancel 1 when a cancel was requested for the job
 
-  Calls per job on the regular path: GET + PEXPIRE (lease), SET (alive), HMGET, HSET; TIME
+  Calls per job on the regular path: GET + PEXPIRE (alive: lease and liveness), HMGET, HSET; TIME
   once per call, first. The data-loss check costs no call: it compares the seq HMGET reads.
 ]]
 local FIELDS = {'done', 'total', 'stage', 'rate', 'eta_s', 'rss_bytes', 'cpu_s', 'loop_lag_ms'}
@@ -50,10 +50,9 @@ local function beat(k, a, last)
   local ttl = tonumber(ARGV[a + 2])
   local seq = tonumber(ARGV[a + 3])
   local landed = tonumber(ARGV[a + 4])
-  local code = owner(ARGV[a], fence, ttl, k)
+  local code = owner(ARGV[a], ARGV[a + 1], ttl, k)
   if code < 0 then return code end
 
-  redis.call('SET', KEYS[k + 4], ARGV[a + 1], 'PX', ttl)
   local h = redis.call('HMGET', KEYS[k + 1], 'seq', 'cancel', 'done')
   local current = tonumber(h[1]) or 0
   local cancel = 0
@@ -126,9 +125,9 @@ end
 
 local out = {}
 local a = 1
-for j = 0, #KEYS / 5 - 1 do
+for j = 0, #KEYS / 4 - 1 do
   local n = tonumber(ARGV[a])
-  local ok, reply = pcall(beat, 5 * j, a + 1, a + n)
+  local ok, reply = pcall(beat, 4 * j, a + 1, a + n)
   if ok then
     out[j + 1] = reply
   else -- a failed command of this job (its earlier writes stay: the worker resends them)

@@ -1,7 +1,7 @@
 --! include: _clock _lib
 --[[ cancel.lua — ask the worker of a running job to stop.
 
-  KEYS[1..5] state, events, lease, alive, fence (see _lib.lua)
+  KEYS[1..4] state, events, alive, fence (see _lib.lua)
   ARGV[1] stream MAXLEN   ARGV[2] details JSON or ''
 
   Sets the snapshot's `cancel` field (the next beat's reply carries it to the worker) and
