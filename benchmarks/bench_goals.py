@@ -337,7 +337,7 @@ def ablation(quick: bool) -> dict[str, Any]:
             for keys in jobs:
                 pipe.delete(keys[0])
                 pipe.hset(keys[0], mapping=_SNAPSHOT)
-                pipe.set(keys[2], alive_value("tok123456789", 1796096775961107))
+                pipe.set(keys[2], alive_value("tok123456789", 1796096775961107, 1))
             pipe.execute()
             client.config_resetstat()
 

@@ -1,25 +1,30 @@
-"""The lease folded into ``alive`` (issue 28, item 1): one key, ``<token>:<fence>`` of the owner,
-``PX ttl``; its absence while RUNNING still means STALE; and what a regular beat costs in
-``redis.call``s, counted by the server's own ``INFO commandstats``."""
+"""The lease folded into ``alive`` (issue 28, item 1): one key, ``<token>:<fence>:<seq>:<cancel>``
+of the owner, the snapshot's seq and its cancel flag, ``PX ttl``; its absence while RUNNING still
+means STALE. The beat's regular path reads seq and cancel there, so it costs three
+``redis.call``s per job (counted by the server's own ``INFO commandstats``)."""
 
 from __future__ import annotations
+
+import asyncio
 
 import pytest
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
 from jobpulse._protocol import calls
-from jobpulse._protocol.keys import AliveValue, KeySchema, alive_value
+from jobpulse._protocol.keys import AliveValue, JobKeys, KeySchema, alive_value
 from jobpulse._provision import RedisServer
 
 AnyRedis = aioredis.Redis | RedisCluster
 
 
-def test_alive_value_is_token_colon_fence_and_parses_back() -> None:
-    assert alive_value("ab12", 1796096775961107) == "ab12:1796096775961107"
-    assert AliveValue.parse(b"ab12:1796096775961107") == AliveValue("ab12", 1796096775961107)
-    assert AliveValue.parse("ab12:7:later:fields") == AliveValue("ab12", 7)
-    for bad in ("7", "ab12", ":7", "ab12:x"):
+def test_alive_value_is_token_fence_seq_cancel_and_parses_back() -> None:
+    assert alive_value("ab12", 1796096775961107, 9) == "ab12:1796096775961107:9:0"
+    assert alive_value("ab12", 7, 9, cancel=True) == "ab12:7:9:1"
+    parsed = AliveValue.parse(b"ab12:1796096775961107:9:1")
+    assert parsed == AliveValue("ab12", 1796096775961107, 9, True)
+    assert AliveValue.parse("ab12:7:9:0:later:fields") == AliveValue("ab12", 7, 9, False)
+    for bad in ("7", "ab12:7", ":7:9:0", "ab12:x:9:0", "ab12:7:9", "ab12:7:9:2"):
         with pytest.raises(ValueError, match="not a jobpulse alive value"):
             AliveValue.parse(bad)
 
@@ -35,7 +40,7 @@ async def test_alive_holds_the_owner_and_its_fence_until_the_end(client: AnyRedi
     acquire = calls.acquire(keys.all(), token="tok", ttl_ms=60_000, maxlen=100, worker="w")
     started = await calls.run(client, acquire)
     assert started.code is calls.AcquireCode.STARTED
-    assert await client.get(keys.alive) == f"tok:{started.fence}".encode()
+    assert await client.get(keys.alive) == f"tok:{started.fence}:{started.seq}:0".encode()
     assert 0 < await client.pttl(keys.alive) <= 60_000
     assert await client.exists(f"{ns}:{{fold}}:lease") == 0  # no separate lease key
 
@@ -48,7 +53,8 @@ async def test_alive_holds_the_owner_and_its_fence_until_the_end(client: AnyRedi
         token="tok", fence=started.fence, ttl_ms=30_000, seq=started.seq + 1, fields={"done": "1"}
     )
     assert (await calls.run(client, calls.beat(keys.all(), beat))).code is calls.BeatCode.WRITTEN
-    assert AliveValue.parse(await client.get(keys.alive)) == AliveValue("tok", started.fence)
+    alive = AliveValue.parse(await client.get(keys.alive))
+    assert alive == AliveValue("tok", started.fence, started.seq + 1, False)
     assert 0 < await client.pttl(keys.alive) <= 30_000  # renewed with the beat's ttl
 
     finish = calls.finish(
@@ -102,5 +108,83 @@ async def test_a_regular_beat_makes_the_calls_its_header_counts(
         counted = await _calls_per_beat(client, "cnt", 20)
     finally:
         await client.aclose()
-    # TIME once per call, then per job: GET + PEXPIRE alive, HMGET, HSET
-    assert counted == {"time": 1.0, "get": 1.0, "pexpire": 1.0, "hmget": 1.0, "hset": 1.0}
+    # TIME once per call, then per job: GETEX alive (its seq read there), HSET, SET alive
+    assert counted == {"time": 1.0, "getex": 1.0, "hset": 1.0, "set": 1.0}
+
+
+async def _started(client: AnyRedis, keys: JobKeys) -> tuple[int, int]:
+    acquire = calls.acquire(keys.all(), token="tok", ttl_ms=60_000, maxlen=100, worker="w")
+    reply = await calls.run(client, acquire)
+    assert reply.code is calls.AcquireCode.STARTED
+    return reply.fence, reply.seq
+
+
+def _beat(fence: int, seq: int, done: str, **extra: str) -> list[object]:
+    fields = {"done": done, **extra}
+    return calls.beat_segment(token="tok", fence=fence, ttl_ms=60_000, seq=seq, fields=fields)
+
+
+async def test_a_cancel_is_seen_through_alive_on_the_regular_path(
+    client: AnyRedis, ns: str
+) -> None:
+    keys = KeySchema(ns).job("cancelled")
+    fence, seq = await _started(client, keys)
+    first = await calls.run(client, calls.beat(keys.all(), _beat(fence, seq + 1, "1")))
+    assert (first.code, first.cancel) == (calls.BeatCode.WRITTEN, False)
+    ttl = await client.pttl(keys.alive)
+    assert await calls.run(client, calls.cancel(keys.all(), 100, "")) is calls.CancelCode.REQUESTED
+    assert AliveValue.parse(await client.get(keys.alive)).cancel  # marked, the TTL kept
+    assert 0 < await client.pttl(keys.alive) <= ttl
+    again = await calls.run(client, calls.cancel(keys.all(), 100, ""))  # a replay
+    assert again is calls.CancelCode.ALREADY_REQUESTED
+    beat = await calls.run(client, calls.beat(keys.all(), _beat(fence, seq + 2, "2")))
+    assert (beat.code, beat.cancel) == (calls.BeatCode.WRITTEN, True)
+    assert await client.get(keys.alive) == f"tok:{fence}:{seq + 2}:1".encode()  # kept on
+
+
+async def test_a_regular_beat_moves_progress_ms_only_when_done_moved(
+    client: AnyRedis, ns: str
+) -> None:
+    """A ``done`` sent on the regular path is one that moved (the worker sends only changed
+    fields); one sent unknown (``done_moved=None``: the worker does not know the stored value)
+    moves ``progress_ms`` only if it differs from the stored one; one sent unchanged
+    (``done_moved=False``, a beat with an entry) leaves it."""
+    keys = KeySchema(ns).job("progress")
+    fence, seq = await _started(client, keys)
+    start = int(await client.hget(keys.state, "progress_ms"))
+    same = calls.encode_beat(("tok", fence, 60_000), seq + 1, seq, [0], ["0"], done_moved=None)
+    assert (await calls.run(client, calls.beat(keys.all(), same))).code is calls.BeatCode.WRITTEN
+    assert int(await client.hget(keys.state, "progress_ms")) == start  # done 0 as stored
+    await asyncio.sleep(0.01)
+    moved = calls.encode_beat(("tok", fence, 60_000), seq + 2, seq + 1, [0], ["5"])
+    assert (await calls.run(client, calls.beat(keys.all(), moved))).code is calls.BeatCode.WRITTEN
+    moved_at = int(await client.hget(keys.state, "progress_ms"))
+    assert moved_at > start
+    await asyncio.sleep(0.01)
+    still = calls.encode_beat(
+        ("tok", fence, 60_000), seq + 3, seq + 2, [0], ["5"], done_moved=False
+    )
+    assert (await calls.run(client, calls.beat(keys.all(), still))).code is calls.BeatCode.WRITTEN
+    assert int(await client.hget(keys.state, "progress_ms")) == moved_at
+
+
+async def test_a_rollback_with_alive_restored_older_answers_resend_and_so_does_its_replay(
+    client: AnyRedis, ns: str
+) -> None:
+    """A restart from an older RDB restores ``alive`` and the snapshot as of one moment (one
+    script writes both): the seq alive carries is below ``landed``, so the regular path answers
+    3, writing nothing of the beat, and its replay answers 3 again."""
+    keys = KeySchema(ns).job("older")
+    fence, seq = await _started(client, keys)
+    assert (await calls.run(client, calls.beat(keys.all(), _beat(fence, seq + 1, "1")))).code == 1
+    state, alive = await client.dump(keys.state), await client.dump(keys.alive)
+    assert (await calls.run(client, calls.beat(keys.all(), _beat(fence, seq + 2, "2")))).code == 1
+    await client.restore(keys.state, 0, state, replace=True)
+    await client.restore(keys.alive, 60_000, alive, replace=True)
+    before = await client.hgetall(keys.state)
+
+    behind = calls.beat(keys.all(), _beat(fence, seq + 3, "3"))  # landed: seq + 2
+    first, again = await calls.run(client, behind), await calls.run(client, behind)
+    assert first.code is again.code is calls.BeatCode.RESEND_STATIC
+    assert await client.hgetall(keys.state) == before  # status and fence were already there
+    assert await client.get(keys.alive) == f"tok:{fence}:{seq + 1}:0".encode()

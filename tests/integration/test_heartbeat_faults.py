@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 
 from jobpulse import LeaseLost, LeaseLostCause, heartbeat
 from jobpulse._protocol import calls
-from jobpulse._protocol.keys import KeySchema, alive_value
+from jobpulse._protocol.keys import AliveValue, KeySchema
 from jobpulse._protocol.scripts import SCRIPTS
 from jobpulse._provision import RedisServer
 from jobpulse._worker.progress import NAME_PREFIX
@@ -140,7 +140,8 @@ async def test_restart_with_data_loss_mid_job_still_ends_completed(
         hb.progress.advance(5)
         await eventually(lambda: _field(private, keys.state, "done", b"10"), within=10)
         await eventually(lambda: _field(private, keys.state, "meta", b'{"k":1}'), within=10)
-        assert await private.get(keys.alive) == alive_value(hb._token, hb.fence).encode()
+        alive = AliveValue.parse(await private.get(keys.alive))
+        assert (alive.token, alive.fence) == (hb._token, hb.fence)
         assert int(await private.hget(keys.state, "seq")) > seq_before  # seq went on
         assert int(await private.hget(keys.state, "fence")) == hb.fence
     state = await private.hgetall(keys.state)

@@ -40,7 +40,7 @@ def parse(args: list[Any]) -> tuple[int, dict[str, str], tuple[Any, ...] | None,
     """A beat command as (seq, fields sent, event (kind, details, maxlen) or None, pairs)."""
     assert args[0] == len(args) - 1  # the segment's length, then token fence ttl
     seq, names, rest = args[4], args[6], args[7:]  # (args[5]: landed)
-    digits = names.rstrip("+")
+    digits = names.lstrip("~=").rstrip("+")
     fields = {calls.BEAT_FIELDS[int(d) - 1]: rest[i] for i, d in enumerate(digits)}
     rest = rest[len(digits) :]
     event = None

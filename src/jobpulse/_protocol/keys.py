@@ -42,8 +42,8 @@ class JobKeys:
     """The keys of one job, in the order every per-job script takes them as KEYS[1..4].
 
     ``alive`` is the liveness key and the lease in one (docs/protocol.md): a String whose value
-    is :func:`alive_value` of the owner, ``PX ttl``; its absence while the snapshot says RUNNING
-    means STALE.
+    is :func:`alive_value` (the owner, the snapshot's seq and cancel flag), ``PX ttl``; its
+    absence while the snapshot says RUNNING means STALE.
     """
 
     state: str
@@ -58,29 +58,33 @@ class JobKeys:
 @dataclass(frozen=True, slots=True)
 class AliveValue:
     """The value of a job's ``alive`` key, read back (:meth:`parse`): the lease owner's token
-    and fence."""
+    and fence, the snapshot's ``seq`` and its cancel flag (docs/protocol.md)."""
 
     token: str
     fence: int
+    seq: int
+    cancel: bool = False
 
     @classmethod
     def parse(cls, value: bytes | str) -> AliveValue:
-        """Split ``<token>:<fence>[:...]`` (later fields, if any, are ignored).
+        """Split ``<token>:<fence>:<seq>:<cancel>`` (later fields, if any, are ignored).
 
         Raises:
             ValueError: the value does not have that layout.
         """
         raw = value.decode() if isinstance(value, bytes) else value
         parts = raw.split(":")
-        if len(parts) < 2 or not parts[0] or not parts[1].isdigit():
+        ok = len(parts) >= 4 and parts[0] and parts[1].isdigit() and parts[2].isdigit()
+        if not ok or parts[3] not in ("0", "1"):
             raise ValueError(f"not a jobpulse alive value: {raw!r}")
-        return cls(parts[0], int(parts[1]))
+        return cls(parts[0], int(parts[1]), int(parts[2]), parts[3] == "1")
 
 
-def alive_value(token: str, fence: int) -> str:
-    """The ``alive`` key's value for the owner ``token`` holding ``fence``: ``<token>:<fence>``
-    (what ``acquire.lua`` and a re-taking ``beat.lua`` write)."""
-    return f"{token}:{fence}"
+def alive_value(token: str, fence: int, seq: int, cancel: bool = False) -> str:
+    """The ``alive`` key's value: ``<token>:<fence>:<seq>:<cancel>`` of the owner ``token``
+    holding ``fence``, the snapshot's ``seq`` and its cancel flag (``0`` or ``1``), as
+    ``acquire.lua``, ``beat.lua`` and ``cancel.lua`` write it."""
+    return f"{token}:{fence}:{seq}:{int(cancel)}"
 
 
 @dataclass(frozen=True, slots=True)

@@ -7,9 +7,12 @@
   Every per-job script takes the same four keys:
     KEYS[1] state hash    KEYS[2] events stream    KEYS[3] alive string    KEYS[4] fence counter
 
-  `alive` is the liveness key and the lease in one: its value is "<token>:<fence>" of the
-  owner (keys.py alive_value; docs/protocol.md), PX ttl. Its absence while the snapshot says
-  RUNNING means STALE; a value that is not the caller's means another owner holds the job.
+  `alive` is the liveness key and the lease in one: its value is
+  "<token>:<fence>:<seq>:<cancel>" (keys.py alive_value; docs/protocol.md), PX ttl: the owner,
+  the snapshot's seq and its cancel flag (0 or 1), written by the scripts that write those
+  (acquire, beat, cancel), so the beat's regular path reads them without the snapshot. Its
+  absence while the snapshot says RUNNING means STALE; a value whose "<token>:<fence>:" is not
+  the caller's means another owner holds the job.
 ]]
 
 -- The dynamic snapshot fields, in the positional order the worker sends them.

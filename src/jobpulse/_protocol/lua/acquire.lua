@@ -56,7 +56,8 @@ redis.call('HSET', KEYS[1], 'status', 'RUNNING', 'stage', '', 'done', 0, 'total'
   'heartbeat_ms', now, 'progress_ms', now, 'finished_ms', '', 'error', '', 'meta', ARGV[6],
   'kind', ARGV[8])
 if resume ~= '' then redis.call('HSET', KEYS[1], 'checkpoint', resume) end
-redis.call('SET', KEYS[3], ARGV[1] .. ':' .. string.format('%.0f', fence), 'PX', ttl)
+redis.call('SET', KEYS[3], ARGV[1] .. ':' .. string.format('%.0f', fence) .. ':' .. seq .. ':0',
+           'PX', ttl)
 redis.call('PERSIST', KEYS[2])
 add_event(ARGV[3], 'start', ARGV[7], now, ARGV[8])
 return {1, fence, attempt, seq, resume, now}

@@ -2,7 +2,7 @@
 --[[ finish.lua — the final write and the release, owner-checked, written once.
 
   KEYS[1..4] state, events, alive, fence (see _lib.lua)
-  ARGV[1] owner token   ARGV[2] fence   ARGV[3] ttl ms   ARGV[4] seq
+  ARGV[1] owner token   ARGV[2] fence   ARGV[3] ttl ms (unused: alive is deleted)   ARGV[4] seq
   ARGV[5] final status (COMPLETED, FAILED, CANCELLED or LOST)   ARGV[6] error text or ''
   ARGV[7] stream MAXLEN   ARGV[8] retention ms   ARGV[9] end details JSON or ''
   ARGV[10..17] done total stage rate eta_s rss_bytes cpu_s loop_lag_ms (positional)
@@ -48,7 +48,7 @@ end
 -- and `alive` are the new attempt's, and our `end` entry in the stream says we wrote it.
 local ended = redis.call('HMGET', KEYS[1], 'status', 'fence')
 if ended[1] and ended[1] ~= 'RUNNING' and tonumber(ended[2]) == fence then return {0, 0} end
-local code = owner(ARGV[1], ARGV[2], tonumber(ARGV[3]), 0)
+local code = owner(ARGV[1], ARGV[2], 0)
 if code < 0 then
   if tonumber(ended[2]) and tonumber(ended[2]) > fence and ended_by_us() then return {0, 0} end
   return {code, 0}
