@@ -414,13 +414,13 @@ _SNAPSHOT = {"status": "RUNNING", "stage": "", "done": "100", "total": "10000000
 _ARGS = ["tok123456789", "1796096775961107", "6000", "2", "12345678", "12345", "1000000000",
          "stage-a", "123.4", "55.2", "123456789", "12.34", "0.3", "x", "y"]  # fmt: skip
 _HSET11 = ", ".join(f"'f{i}', ARGV[{i + 1}]" for i in range(11))
-VARIANTS = {  # name -> script body (5 keys, the 15 arguments above)
-    "empty script (5 keys, 15 args)": "return 1",
+VARIANTS = {  # name -> script body (4 keys, the 15 arguments above)
+    "empty script (4 keys, 15 args)": "return 1",
     "+ TIME": "redis.call('TIME') return 1",
-    "+ GET lease": "redis.call('GET', KEYS[3]) return 1",
-    "+ GET + PEXPIRE lease": "redis.call('GET', KEYS[3]) redis.call('PEXPIRE', KEYS[3], 6000) "
+    "+ GET alive": "redis.call('GET', KEYS[3]) return 1",
+    "+ GET + PEXPIRE alive": "redis.call('GET', KEYS[3]) redis.call('PEXPIRE', KEYS[3], 6000) "
     "return 1",
-    "+ SET alive PX": "redis.call('SET', KEYS[4], 5, 'PX', 6000) return 1",
+    "+ SET alive PX": "redis.call('SET', KEYS[3], 5, 'PX', 6000) return 1",
     "+ HMGET of 3 fields": "redis.call('HMGET', KEYS[1], 'seq', 'cancel', 'done') return 1",
     "+ HSET of 2 fields": "redis.call('HSET', KEYS[1], 'seq', ARGV[4], 'done', ARGV[6]) return 1",
     "+ HSET of 11 fields": f"redis.call('HSET', KEYS[1], {_HSET11}) return 1",
@@ -432,7 +432,7 @@ def ablation(quick: bool) -> dict[str, Any]:
     import redis
 
     from jobpulse._protocol import calls
-    from jobpulse._protocol.keys import KeySchema
+    from jobpulse._protocol.keys import KeySchema, alive_value
 
     out: dict[str, Any] = {"variants": {}, "beat": {}}
     with private_redis() as server:
@@ -444,7 +444,7 @@ def ablation(quick: bool) -> dict[str, Any]:
             for keys in jobs:
                 pipe.delete(keys[0])
                 pipe.hset(keys[0], mapping=_SNAPSHOT)
-                pipe.set(keys[2], "tok123456789")
+                pipe.set(keys[2], alive_value("tok123456789", 1796096775961107, 1))
             pipe.execute()
             client.config_resetstat()
 
@@ -463,7 +463,7 @@ def ablation(quick: bool) -> dict[str, Any]:
         n_hot, n_gap = (2000, 200) if quick else (20000, 1000)
         for name, body in VARIANTS.items():
             sha = client.script_load(body)
-            command = ["EVALSHA", sha, 5, *jobs[0], *_ARGS]
+            command = ["EVALSHA", sha, len(jobs[0]), *jobs[0], *_ARGS]
             out["variants"][name] = {
                 "hot": timed([command] * n_hot, False, 1),
                 "cold": timed([command] * n_gap, True, 1),

@@ -171,7 +171,7 @@ async def run_naive(url: str, n: int, interval: float, meter: Meter, ready: asyn
         keys = schema.job(f"{prefix}-n{i:06d}").all()
         token = secrets.token_hex(8)
         try:
-            reply = await client.evalsha(SCRIPTS.acquire.sha, 5, *keys, token, ttl_ms, 1000,
+            reply = await client.evalsha(SCRIPTS.acquire.sha, len(keys), *keys, token, ttl_ms, 1000,
                                          "naive", "1000000", "", "", "")  # fmt: skip
         finally:
             started.set()
