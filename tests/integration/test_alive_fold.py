@@ -188,3 +188,46 @@ async def test_a_rollback_with_alive_restored_older_answers_resend_and_so_does_i
     assert first.code is again.code is calls.BeatCode.RESEND_STATIC
     assert await client.hgetall(keys.state) == before  # status and fence were already there
     assert await client.get(keys.alive) == f"tok:{fence}:{seq + 1}:0".encode()
+
+
+async def test_a_snapshot_lost_alone_while_alive_lives_is_undone_and_answered_resend(
+    client: AnyRedis, ns: str
+) -> None:
+    """The snapshot deleted or evicted alone, ``alive`` still ours: the regular path cannot see
+    it before its HSET, so it reads the HSET's count of added fields (``seq`` is added only into
+    a lost snapshot), undoes the beat and answers 3, as for a restart that lost both; the replay
+    answers 3 again; the worker's next beat (every field, ``landed`` 0) repairs the snapshot."""
+    keys = KeySchema(ns).job("lost-alone")
+    fence, seq = await _started(client, keys)
+    intact = calls.beat_segment(  # a first checkpoint into an intact snapshot adds one field
+        token="tok",
+        fence=fence,
+        ttl_ms=60_000,
+        seq=seq + 1,
+        fields={"done": "1"},
+        pairs=["checkpoint", '{"row": 1}'],
+    )
+    assert (await calls.run(client, calls.beat(keys.all(), intact))).code is calls.BeatCode.WRITTEN
+    await client.delete(keys.state)
+
+    checkpoint = calls.beat_segment(
+        token="tok",
+        fence=fence,
+        ttl_ms=60_000,
+        seq=seq + 2,
+        fields={"done": "2"},
+        pairs=["checkpoint", '{"row": 2}'],
+    )
+    after = calls.beat(keys.all(), checkpoint)
+    first, again = await calls.run(client, after), await calls.run(client, after)
+    assert first.code is again.code is calls.BeatCode.RESEND_STATIC
+    restored = {b"status": b"RUNNING", b"fence": str(fence).encode()}
+    assert await client.hgetall(keys.state) == restored  # nothing of the beat
+    assert await client.get(keys.alive) == f"tok:{fence}:{seq + 1}:0".encode()  # seq kept
+
+    full = calls.beat_segment(
+        token="tok", fence=fence, ttl_ms=60_000, seq=seq + 2, landed=0, fields={"done": "2"}
+    )
+    assert (await calls.run(client, calls.beat(keys.all(), full))).code is calls.BeatCode.WRITTEN
+    state = await client.hgetall(keys.state)
+    assert (state[b"seq"], state[b"done"]) == (str(seq + 2).encode(), b"2")

@@ -37,7 +37,9 @@
           that missed the last writes). Lease and liveness are renewed, status and fence
           restored (so a sweeper can claim the job), nothing of this beat is written (no
           field, no seq, no entry): the worker sends every field and the static ones at once,
-          with landed 0. A replay finds the same snapshot and answers 3 again;
+          with landed 0. A replay finds the same snapshot and answers 3 again. Also when
+          the snapshot alone was lost while alive lived on (deleted, evicted): the
+          regular path's HSET then adds `seq`, and the beat is undone before answering 3;
           a replay of a beat that was written (same seq) answers as written (1), writing
           nothing again;
           -1 taken over; -2 fenced out (nothing written in either case)
@@ -148,7 +150,18 @@ local function beat(k, a, last)
     args[#args + 1] = fence
   end
   for i = first_pair, last do args[#args + 1] = ARGV[i] end
-  redis.call('HSET', KEYS[k + 1], unpack(args))
+  local added = redis.call('HSET', KEYS[k + 1], unpack(args))
+  if fast and added > #args / 2 - 2 then
+    -- `seq` or `heartbeat_ms` was not there: the snapshot was lost alone (deleted, evicted)
+    -- while alive lived on, which the regular path cannot see before writing. Undo this beat
+    -- (the partial snapshot goes) and answer as for a lost snapshot: RUNNING and the fence
+    -- restored, alive's seq kept, code 3; a replay finds the same and answers the same. Costs
+    -- the regular path nothing: HSET says how many fields it added.
+    redis.call('DEL', KEYS[k + 1])
+    redis.call('HSET', KEYS[k + 1], 'status', 'RUNNING', 'fence', fence)
+    renew(current)
+    return now * 8 + 6 + cancel
+  end
   renew(ARGV[a + 3]) -- after the HSET: a failed HSET leaves alive's seq as it was
   if event then
     -- (the worker sends done, total and stage with an entry; read back any it did not)
