@@ -123,11 +123,13 @@ def build(found: dict[str, dict[str, Any]]) -> dict[str, Any] | None:
             f"{bb['per_core']:,.0f} ({r:.2f}x; goal ≥ 1.5x), measured the same way in one run "
             f"(server CPU per update {1e6 / jb['per_core']:.1f} µs against "
             f"{1e6 / bb['per_core']:.1f}). BullMQ's update is one progress script per job "
-            "plus its share of ONE lock script for every job; jobpulse's beat makes its "
-            "`redis.call`s per job inside `beat.lua` (owner check, lease, liveness, seq, "
-            "snapshot): the call count per job sets the floor (ablation table). What it takes: "
-            "fewer calls per job (issue 28 item 1: the lease folded into `alive`, a derived "
-            "`heartbeat_ms`)."
+            "plus its share of ONE lock script for every job; jobpulse's beat makes three "
+            "`redis.call`s per job inside `beat.lua` (GETEX alive: owner, fence, seq, cancel; "
+            "HSET the snapshot; SET alive PX ttl), after the lease was folded into `alive` "
+            "(issue 28 item 1, five calls before), and the call count per job sets the floor "
+            "(ablation table). Left: each job's beat checks and renews its own lease (GETEX, SET) "
+            "beside its snapshot, where BullMQ renews every job's lock in one script of three "
+            "calls for all of them."
         )
     # 2. server CPU per update, 1,000 jobs at 1 Hz
     cpu = g.get("cpu_per_update") or {}
