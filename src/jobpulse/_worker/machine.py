@@ -318,8 +318,8 @@ class BeatMachine(Generic[H]):
         values = self._dynamic(done, total, sample, lag, now)
         # only the fields that differ from what the snapshot is known to hold (an entry also
         # carries done, total and stage)
-        known = self._known
-        present = [i for i in _ALL if values[i] != known[i]]
+        held = self._known
+        present = [i for i in _ALL if values[i] != held[i]]
         if kind and present[:3] != [0, 1, 2]:
             present = sorted({0, 1, 2, *present})
         self._sent = (values, present, reused)
