@@ -45,6 +45,13 @@ BENCHMARKS: dict[str, tuple[str, str]] = {
 }
 
 
+# --only GROUP runs these together: "goals" is one run holding every row of issue 28's table and
+# the sidecar's rows (benchmarks/goals28.py builds the table from them).
+GROUPS: dict[str, tuple[str, ...]] = {
+    "goals": ("goals19", "progress", "read", "wire", "wake", "sidecar"),
+}
+
+
 def _redis_version() -> str:
     out = subprocess.run(["redis-server", "--version"], capture_output=True, text=True).stdout
     m = re.search(r"v=(\S+)", out)
@@ -83,10 +90,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="smoke run: short windows (< 2 min)")
     parser.add_argument("--soak", action="store_true", help="false-STALE soak for 10 minutes")
     parser.add_argument("--only", action="append", default=[], metavar="NAME",
-                        help=f"run only these (repeatable): {', '.join(BENCHMARKS)}")  # fmt: skip
+                        help=f"run only these (repeatable): {', '.join(BENCHMARKS)}; "
+                             f"groups: {', '.join(GROUPS)}")  # fmt: skip
     parser.add_argument("--no-docs", action="store_true", help="write JSON only")
     args = parser.parse_args(argv)
-    names = [n for part in args.only for n in part.split(",") if n] or list(BENCHMARKS)
+    asked = [n for part in args.only for n in part.split(",") if n] or list(BENCHMARKS)
+    names = list(dict.fromkeys(m for n in asked for m in GROUPS.get(n, (n,))))
     unknown = [n for n in names if n not in BENCHMARKS]
     if unknown:
         parser.error(f"unknown benchmark(s) {unknown}; known: {', '.join(BENCHMARKS)}")

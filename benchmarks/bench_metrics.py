@@ -46,7 +46,7 @@ async def seed(
         pipe = client.pipeline(transaction=False)
         for job, kind in zip(chunk, kinds, strict=True):
             args = [secrets.token_hex(8), ttl_ms, 100, "bench:1", 100, "", "", kind]
-            pipe.execute_command("EVALSHA", SCRIPTS.acquire.sha, 5, *schema.job(job).all(), *args)
+            pipe.execute_command("EVALSHA", SCRIPTS.acquire.sha, 4, *schema.job(job).all(), *args)
         replies = await pipe.execute()
         pipe = client.pipeline(transaction=False)
         for job, kind, reply in zip(chunk, kinds, replies, strict=True):

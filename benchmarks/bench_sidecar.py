@@ -12,6 +12,12 @@ same shell beating from a thread of the worker (``sidecar=False``). Each worker:
    ``checkpoint()`` latency, p50 and p99;
 4. reads the helper's RSS (and USS: what it alone costs).
 
+Then beats under a GIL hold: a fresh sync worker per side enters one job (interval 0.25 s,
+ttl 1 s) and runs one C call that holds the GIL for ~3 s (``sum(range(n))``, calibrated in the
+worker; 2 s in a --quick run), while this process reads the job every 50 ms with a
+``StatusReader`` (cache off): the beats written during the hold (``seq`` before and after) and
+the reads that said STALE.
+
 Run: ``python -m benchmarks.bench_sidecar [--quick]`` (prints JSON).
 """
 
@@ -136,14 +142,78 @@ t0 = time.perf_counter()
 with jobpulse.sync.heartbeat(client, sys.argv[3], namespace="sc", sidecar=sys.argv[2] == "1"):
     print(time.perf_counter() - t0, flush=True)
 """
+GIL_WORKER = r"""
+import sys, time
+import redis
+import jobpulse.sync
+
+url, sidecar, job, hold = sys.argv[1], sys.argv[2] == "1", sys.argv[3], float(sys.argv[4])
+t0 = time.perf_counter()
+sum(range(10**6))
+n = int(10**6 * hold / (time.perf_counter() - t0))
+client = redis.Redis.from_url(url, socket_timeout=3.0)
+with jobpulse.sync.heartbeat(client, job, namespace="gil", interval=0.25, ttl=1.0,
+                             sidecar=sidecar):
+    time.sleep(1.0)  # a few beats first
+    print("hold", flush=True)
+    t1 = time.perf_counter()
+    sum(range(n))  # one C call: the GIL is held throughout
+    print("held", time.perf_counter() - t1, flush=True)
+    time.sleep(0.5)
+"""
+GIL_HOLD = 3.0
+
+
+async def _gil_side(url: str, sidecar: bool, job: str, hold: float) -> dict[str, Any]:
+    import asyncio
+
+    import redis.asyncio as aioredis
+
+    from jobpulse import JobState, StatusReader
+
+    client = aioredis.Redis.from_url(url)
+    reader = StatusReader(client, namespace="gil", cache_ttl=0)
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", GIL_WORKER, url, "1" if sidecar else "0", job, str(hold),
+        stdout=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    assert proc.stdout is not None
+    while (await proc.stdout.readline()).strip() != b"hold":
+        pass
+    seq0 = (await reader.get(job)).seq
+    reads = stale = 0
+    held = asyncio.create_task(proc.stdout.readline())
+    while not held.done():
+        status = await reader.get(job)
+        reads += 1
+        stale += status.state is JobState.STALE
+        await asyncio.wait([held], timeout=0.05)
+    seq1 = (await reader.get(job)).seq
+    hold_s = float(held.result().split()[1])
+    await proc.wait()
+    final = (await reader.get(job)).state
+    await client.aclose()
+    return {"hold_s": hold_s, "beats": (seq1 or 0) - (seq0 or 0), "reads": reads,
+            "stale_reads": stale, "final": final.value}  # fmt: skip
+
+
+def gil_hold(url: str, hold: float = GIL_HOLD) -> dict[str, Any]:
+    import asyncio
+
+    return {
+        side: asyncio.run(_gil_side(url, side == "sidecar", f"hold-{side}", hold))
+        for side in ("in_loop", "sidecar")
+    }
+
+
 STARTS = 7
 """Fresh processes per side for the start-up time (alternating sides; the median is shown)."""
 
 
-def startups(url: str) -> tuple[float, float]:
+def startups(url: str, starts: int = STARTS) -> tuple[float, float]:
     """Median first-job start-up (s) of fresh processes: (in-loop, sidecar)."""
     times: dict[bool, list[float]] = {False: [], True: []}
-    for i in range(STARTS):
+    for i in range(starts):
         for sidecar in (False, True):
             args = [sys.executable, "-c", STARTUP, url, "1" if sidecar else "0", f"s{i}{sidecar}"]
             out = subprocess.run(args, capture_output=True, text=True, check=True, timeout=120)
@@ -173,13 +243,15 @@ def side(
 
 
 def run(quick: bool = False, soak: bool = False) -> dict[str, Any]:
-    jobs, seconds = (200, 5.0) if quick else (1000, 20.0)
+    jobs, seconds = (200, 3.0) if quick else (1000, 20.0)
+    starts = 3 if quick else STARTS
     with private_redis() as server:
         inloop = side(server.url, False, jobs, seconds)
         helper = side(server.url, True, jobs, seconds)
-        inloop["startup_s"], helper["startup_s"] = startups(server.url)
+        inloop["startup_s"], helper["startup_s"] = startups(server.url, starts)
         ainloop = side(server.url, False, jobs, seconds, ASYNC_WORKER)
         ahelper = side(server.url, True, jobs, seconds, ASYNC_WORKER)
+        gil = gil_hold(server.url, 2.0 if quick else GIL_HOLD)
     acpu_ratio = ahelper["cpu_pct_per_1000"] / max(ainloop["cpu_pct_per_1000"], 1e-9)
     aadded_p99 = ahelper["checkpoint_p99_ms"] - ainloop["checkpoint_p99_ms"]
     cpu_ratio = helper["cpu_pct_per_1000"] / max(inloop["cpu_pct_per_1000"], 1e-9)
@@ -197,7 +269,7 @@ def run(quick: bool = False, soak: bool = False) -> dict[str, Any]:
             "is psutil's user+system time of the worker plus its helper over that window, "
             "scaled to 1,000 beats/s; then 200 checkpoints in a row on one more job. Start-up: "
             f"the first `with heartbeat(...)` entry of a fresh process (after import), the "
-            f"median of {STARTS} fresh processes per side, alternating. The machine is shared "
+            f"median of {starts} fresh processes per side, alternating. The machine is shared "
             "by several agents (load average often above 5 on 2 cores): read the ratios."
             + (" --quick: a short run, expect noise." if quick else "")
         ),
@@ -263,6 +335,27 @@ def run(quick: bool = False, soak: bool = False) -> dict[str, Any]:
                 "not; whether the gap is the helper's own work or the shared machine's load is "
                 "not established yet.",
             },
+            {
+                "title": "sync: one job (interval 0.25 s, ttl 1 s) while its body holds the GIL "
+                "in one C call, read from another process every 50 ms",
+                "columns": ["figure", "in-loop (thread)", "sidecar"],
+                "rows": [
+                    ["GIL held (s)", *(f"{gil[k]['hold_s']:.1f}" for k in ("in_loop", "sidecar"))],
+                    [
+                        "beats written during the hold",
+                        *(str(gil[k]["beats"]) for k in ("in_loop", "sidecar")),
+                    ],
+                    [
+                        "reads that said STALE / reads",
+                        *(
+                            f"{gil[k]['stale_reads']} / {gil[k]['reads']}"
+                            for k in ("in_loop", "sidecar")
+                        ),
+                    ],
+                    ["final state", *(gil[k]["final"] for k in ("in_loop", "sidecar"))],
+                ],
+                "note": "Beats are the snapshot's `seq` after the hold minus before it.",
+            },
         ],
         "plots": [],
         "data": {
@@ -272,11 +365,15 @@ def run(quick: bool = False, soak: bool = False) -> dict[str, Any]:
             "asyncio_sidecar": ahelper,
             "jobs": jobs,
             "seconds": seconds,
+            "gil_hold": gil,
         },
         "goals": {
             "sidecar CPU <= 1.2x in-loop (sync)": cpu_ratio <= 1.2,
             "sidecar CPU <= 1.2x in-loop (asyncio)": acpu_ratio <= 1.2,
             "start-up <= 150 ms added": added_start <= 150,
+            "sidecar: beats go on and no STALE read under a GIL hold": (
+                gil["sidecar"]["beats"] > 0 and gil["sidecar"]["stale_reads"] == 0
+            ),
         },
     }
 

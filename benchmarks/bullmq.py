@@ -23,6 +23,16 @@ NODE_DIR = Path(__file__).resolve().parent / "node"
 SCRIPT = NODE_DIR / "bullmq_bench.mjs"
 
 
+def pinned(cpus: set[int] | None) -> list[str]:
+    """The command prefix that runs a program on ``cpus`` only (``taskset -c``; empty for any
+    CPU). Not ``preexec_fn``: the harness starting these processes has threads."""
+    if not cpus:
+        return []
+    if shutil.which("taskset") is None:
+        raise Unavailable("taskset missing")
+    return ["taskset", "-c", ",".join(map(str, sorted(cpus)))]
+
+
 class Unavailable(RuntimeError):
     """BullMQ cannot run here (no node/npm, or the install failed); the message says why."""
 
@@ -51,10 +61,11 @@ class NodePeer:
     """One Node process holding ``jobs`` active BullMQ jobs (each with its lock token) on the
     server at ``port``: ``with NodePeer(port, jobs) as peer: peer.ask("both 1000 0")``."""
 
-    def __init__(self, port: int, jobs: int) -> None:
+    def __init__(self, port: int, jobs: int, cpus: set[int] | None = None) -> None:
+        """``cpus``: the CPUs the Node process may run on (default: any)."""
         ensure_installed()
         self.proc = subprocess.Popen(
-            ["node", str(SCRIPT), str(port), str(jobs)],
+            [*pinned(cpus), "node", str(SCRIPT), str(port), str(jobs)],
             cwd=NODE_DIR,
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

@@ -18,6 +18,12 @@ spend per beat.
 
 Once its jobs run, the process writes ``ready`` to stderr (a harness running several load
 processes at once starts its own window after every one of them said so).
+
+``python -m benchmarks.load --marks IMPL URL N INTERVAL`` runs the same jobs until ``stop`` (or
+EOF) on stdin and answers each ``mark`` line with one JSON line ``{"updates", "cpu", "t"}``: the
+updates written so far (counted by the client, whatever the beat's layout inside Redis), this
+process's CPU time and its monotonic clock, so a harness can cut one window across several
+processes and the server at once (the capacity run in :mod:`benchmarks.bench_goals`).
 """
 
 from __future__ import annotations
@@ -165,7 +171,7 @@ async def run_naive(url: str, n: int, interval: float, meter: Meter, ready: asyn
         keys = schema.job(f"{prefix}-n{i:06d}").all()
         token = secrets.token_hex(8)
         try:
-            reply = await client.evalsha(SCRIPTS.acquire.sha, 5, *keys, token, ttl_ms, 1000,
+            reply = await client.evalsha(SCRIPTS.acquire.sha, len(keys), *keys, token, ttl_ms, 1000,
                                          "naive", "1000000", "", "", "")  # fmt: skip
         finally:
             started.set()
@@ -369,7 +375,34 @@ async def measure(impl: str, url: str, n: int, interval: float, warmup: float,
     }
 
 
+async def marks(impl: str, url: str, n: int, interval: float) -> None:
+    """Run ``n`` jobs of ``impl`` and answer ``mark`` on stdin until ``stop`` (see the module
+    docstring)."""
+    meter = Meter()
+    ready, stop = asyncio.Event(), asyncio.Event()
+    task = asyncio.create_task(designs()[impl](url, n, interval, meter, ready, stop))
+    waiter = asyncio.create_task(ready.wait())
+    await asyncio.wait([task, waiter], return_when=asyncio.FIRST_COMPLETED)
+    if task.done():
+        task.result()  # raise the design's error
+    print("ready", file=sys.stderr, flush=True)
+    while True:
+        line = (await asyncio.to_thread(sys.stdin.readline)).strip()
+        if line != "mark":
+            break  # "stop" or EOF
+        mark = {"updates": meter.read(), "cpu": time.process_time(), "t": time.monotonic()}
+        print(json.dumps(mark), flush=True)
+    stop.set()
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(60):
+            await task
+
+
 def main() -> None:
+    if sys.argv[1] == "--marks":
+        impl, url, n, interval = sys.argv[2:6]
+        asyncio.run(marks(impl, url, int(n), float(interval)))
+        return
     impl, url, n, interval, warmup, window = sys.argv[1:7]
     res = asyncio.run(measure(impl, url, int(n), float(interval), float(warmup), float(window)))
     print(json.dumps(res), flush=True)

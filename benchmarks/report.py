@@ -19,6 +19,7 @@ DOCS = ROOT / "docs" / "benchmarks.md"
 IMG = ROOT / "docs" / "img"
 
 ORDER = [
+    "goals",
     "goals19",
     "progress",
     "beat",
@@ -198,15 +199,19 @@ def _machine(m: dict[str, Any]) -> list[str]:
 def render(quick: bool = False) -> Path:
     folder = results_dir(quick)
     found = {p.stem: json.loads(p.read_text()) for p in sorted(folder.glob("*.json"))}
-    names = [n for n in ORDER if n in found] + sorted(n for n in found if n not in ORDER)
     img = folder / "img" if quick else IMG
     img_ref = "img"
     out = folder / "benchmarks.md" if quick else DOCS
     machine = next((r["machine"] for r in found.values() if "machine" in r), {})
     if "goals19" in found:  # its table also shows the read, reader and progress rows
+        from . import goals28
         from .goals_report import merge
 
         merge(found)
+        section = goals28.build(found)  # issue 28's table: only results of goals19's run
+        if section is not None:
+            found[section["name"]] = section
+    names = [n for n in ORDER if n in found] + sorted(n for n in found if n not in ORDER)
 
     lines = [
         "# Benchmarks",
@@ -218,8 +223,10 @@ def render(quick: bool = False) -> Path:
         "How much jobpulse costs the computation, Redis and the worker process, side by side "
         "with the seed pattern (a Lua lock renew plus a pipelined HSET + EXPIRE) and with what "
         "Python job queues do for progress (SAQ, RQ, Celery) and BullMQ (Node) does for progress "
-        "plus its lock. The first section is issue 19's goal table after the beat diet, with "
-        "the figures measured before it beside each row. Every figure is shown beside a "
+        "plus its lock. The first section is issue 28's goal table, every row from one "
+        "`--only goals` run beside the seed and BullMQ, with the sidecar's rows; then issue "
+        "19's table of the beat diet, with the figures measured before it. Every figure is "
+        "shown beside a "
         "baseline measured in the same run, because the machine is shared and noisy: read the "
         "ratios, not the absolute numbers.",
         "",

@@ -6,10 +6,16 @@
 //     progress COUNT PACE_MS  -> COUNT x job.updateProgress(i)
 //     lock COUNT PACE_MS      -> COUNT x job.extendLock(token, 30000)
 //     both COUNT PACE_MS      -> COUNT x (updateProgress + extendLock)
-//     load                    -> every job loops updateProgress + extendLock until "stop"
+//     load [PACE_MS [KIND]]   -> rounds until "stop": every job's updateProgress (concurrent),
+//                                then ONE extendLocks call renewing every job's lock, as the
+//                                Worker's lock manager batches them; PACE_MS between round
+//                                starts (0 or absent: flat out); KIND both (default), progress
+//                                or lock: only that half. One round = JOBS updates.
+//     count                   -> {"updates": N}: updates (progress + its lock renewal) so far
+//     stop                    -> ends the load, answers its total
 //     quit
-//   and answers each with one JSON line {"updates": N}. The harness reads the server's
-//   counters between commands, so only these calls are counted.
+//   and answers each with one JSON line. The harness reads the server's counters between
+//   commands, so only these calls are counted.
 import { Queue, Worker } from "bullmq";
 import IORedis from "ioredis";
 import readline from "node:readline";
@@ -51,17 +57,25 @@ async function run(kind, count, pace) {
   return count;
 }
 
-async function load() {
-  await Promise.all(
-    held.map(async ({ job, token }) => {
-      let i = 0;
-      while (!stopping) {
-        await job.updateProgress(i++);
-        await job.extendLock(token, LOCK_MS);
-        loadCount++;
-      }
-    }),
-  );
+const ids = held.map(({ job }) => job.id);
+const tokens = held.map(({ token }) => token);
+
+async function load(pace, kind) {
+  let i = 0;
+  let next = Date.now();
+  while (!stopping) {
+    i++;
+    if (kind !== "lock") await Promise.all(held.map(({ job }) => job.updateProgress(i)));
+    if (kind !== "progress") {
+      const failed = await worker.extendJobLocks(ids, tokens, LOCK_MS);
+      if (failed.length) throw new Error(`lock renewal failed for ${failed.length} job(s)`);
+    }
+    loadCount += n;
+    if (pace > 0) {
+      next += pace;
+      await sleep(Math.max(0, next - Date.now()));
+    }
+  }
 }
 
 console.log(JSON.stringify({ ready: true }));
@@ -70,8 +84,12 @@ for await (const line of rl) {
   const [cmd, a, b] = line.trim().split(/\s+/);
   if (cmd === "quit") break;
   if (cmd === "load") {
-    loadTask = load();
+    stopping = false;
+    loadCount = 0;
+    loadTask = load(Number(a || 0), b || "both");
     console.log(JSON.stringify({ started: true }));
+  } else if (cmd === "count") {
+    console.log(JSON.stringify({ updates: loadCount }));
   } else if (cmd === "stop") {
     stopping = true;
     await loadTask;

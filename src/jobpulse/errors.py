@@ -60,7 +60,7 @@ class LeaseLostCause(enum.Enum):
     """Why a worker lost its lease."""
 
     TAKEN_OVER = "taken over"
-    """The lease key holds another owner's token."""
+    """The ``alive`` key (the lease) holds another owner's value."""
     FENCED_OUT = "fenced out"
     """The job's fence moved past ours: a sweeper claimed the job, or a newer attempt started."""
     EXPIRED = "expired"

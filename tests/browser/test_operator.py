@@ -70,7 +70,7 @@ def seed(redis_url: str, ns: str, ids: list[str], *, ttl_ms: int) -> dict[str, s
     pipe = client.pipeline(transaction=False)
     for job in ids:
         args = [secrets.token_hex(8), ttl_ms, 100, "seed:1", 1000, "", "", kinds[job]]
-        pipe.execute_command("EVALSHA", SCRIPTS.acquire.sha, 5, *schema.job(job).all(), *args)
+        pipe.execute_command("EVALSHA", SCRIPTS.acquire.sha, 4, *schema.job(job).all(), *args)
     replies = pipe.execute()
     pipe = client.pipeline(transaction=False)
     for job, reply in zip(ids, replies, strict=True):

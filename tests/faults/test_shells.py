@@ -114,7 +114,7 @@ async def test_spawn_pool_job_ends_completed_with_every_item(
     assert state[b"status"] == b"COMPLETED"
     assert state[b"done"] == b"300"
     assert state[b"stage"] == b"hashing"
-    assert not await direct.exists(keys.lease, keys.alive)
+    assert not await direct.exists(keys.alive)
 
 
 @pytest.mark.parametrize("shell", SHELLS)
@@ -160,7 +160,7 @@ async def test_stolen_lease_stops_the_job_with_lease_lost(
         run_job(shell, private_redis.url, "stolen", until_stopped(started), interval=0.05, ttl=1.0)
     )
     await asyncio.to_thread(started.wait, 10)
-    await direct.set(keys.lease, "someone-else", px=5000)
+    await direct.set(keys.alive, "someone-else:1", px=5000)
     with pytest.raises(LeaseLost) as lost:
         await job
     assert lost.value.cause is LeaseLostCause.TAKEN_OVER

@@ -103,7 +103,7 @@ async def _crash_in_the_body(shell: str, proxied: Proxied) -> Outcome:
 
 async def _stolen_lease(shell: str, proxied: Proxied) -> Outcome:
     job = await _stoppable(shell, proxied, interval=0.05, ttl=1.0)
-    await proxied.direct.set(KeySchema("jobpulse").job(shell).lease, "thief", px=5000)
+    await proxied.direct.set(KeySchema("jobpulse").job(shell).alive, "thief:1", px=5000)
     return await _outcome(job, proxied, shell)
 
 

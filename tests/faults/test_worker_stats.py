@@ -53,7 +53,7 @@ async def test_a_lease_lost_to_a_sweepers_claim_is_counted_as_fenced_out(
         async with heartbeat(proxied.via_proxy, "claimed", interval=0.2, ttl=3.0):
             # the worker looks dead to a sweeper (its keys are gone), but still runs
             proxied.proxy.blackhole = True
-            await proxied.direct.delete(keys.alive, keys.lease)
+            await proxied.direct.delete(keys.alive)
             await proxied.direct.zadd(KeySchema().index(0), {"claimed": 0})
             assert [j.job_id for j in await Sweeper(proxied.direct).sweep()] == ["claimed"]
             proxied.proxy.blackhole = False

@@ -16,7 +16,7 @@ from redis.exceptions import ResponseError
 from jobpulse import heartbeat, script_time
 from jobpulse._protocol import calls
 from jobpulse._protocol.calls import BeatCode, BeatReply
-from jobpulse._protocol.keys import JobKeys, KeySchema
+from jobpulse._protocol.keys import JobKeys, KeySchema, alive_value
 from jobpulse._provision import LocalCluster, RedisServer
 
 from ..support import eventually
@@ -62,10 +62,11 @@ async def test_each_job_of_a_batch_is_checked_and_answered_on_its_own(
     schema = KeySchema(ns)
     ok, fenced, taken, behind = (schema.job(i) for i in same_slot_ids(4))
     state = {k: await started(client, k) for k in (ok, fenced, taken, behind)}
-    await client.delete(fenced.lease, fenced.alive)  # a claim moved the fence on: lease gone
+    await client.delete(fenced.alive)  # a claim moved the fence on: alive gone
     await client.set(fenced.fence, state[fenced][0] + 1)
-    await client.set(taken.lease, "someone-else")  # another worker holds the lease
+    await client.set(taken.alive, "someone-else:1")  # another worker holds the lease
     await client.hset(behind.state, "seq", 50)  # a newer snapshot than the beat's
+    await client.set(behind.alive, alive_value("tok", state[behind][0], 50), keepttl=True)
 
     batch = [
         (k.all(), segment(state[k][0], state[k][1] + 1, "7", event=True))
@@ -82,7 +83,7 @@ async def test_each_job_of_a_batch_is_checked_and_answered_on_its_own(
     assert await client.hget(ok.state, "done") == b"7"
     for refused in (fenced, taken, behind):
         assert await client.hget(refused.state, "done") == b"0"  # nothing written
-    assert await client.get(taken.lease) == b"someone-else"
+    assert await client.get(taken.alive) == b"someone-else:1"
     assert await client.get(fenced.alive) is None  # not renewed for a fenced-out beat
 
     again = await calls.run(client, calls.beats(batch))  # a client retry of the same call
@@ -131,7 +132,7 @@ async def test_the_ticker_beats_jobs_due_together_in_one_call(
         await asyncio.gather(*tasks)
     finally:
         await client.aclose()
-    beats = stats["cmdstat_get"]["calls"]  # each beat GETs its lease once (and nothing else)
+    beats = stats["cmdstat_getex"]["calls"]  # each beat GETEXes alive once (and nothing else)
     calls_sent = stats["cmdstat_evalsha"]["calls"]
     assert beats >= 40 * 2
     assert calls_sent * 5 <= beats  # 40 jobs that entered together share a few calls a tick

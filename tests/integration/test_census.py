@@ -29,7 +29,7 @@ async def seed(
     pipe = redis.pipeline(transaction=False)
     for job in ids:
         args = [secrets.token_hex(8), ttl_ms, 100, "seed:1", "", "", "", kind]
-        pipe.execute_command("EVALSHA", SCRIPTS.acquire.sha, 5, *schema.job(job).all(), *args)
+        pipe.execute_command("EVALSHA", SCRIPTS.acquire.sha, 4, *schema.job(job).all(), *args)
     await redis.script_load(SCRIPTS.acquire.text)
     replies = await pipe.execute()
     pipe = redis.pipeline(transaction=False)

@@ -146,11 +146,6 @@ async def test_alive_job_is_not_claimed_and_its_time_left_is_returned(
     code, left = await claim(redis, keys)
     assert code == -1
     assert 0 < left <= 4000
-    await redis.delete(keys.alive)
-    await redis.set(keys.lease, "token", px=2000)  # a lease without liveness is still alive
-    code, left = await claim(redis, keys)
-    assert code == -1
-    assert 0 < left <= 2000
     assert await redis.hget(keys.state, "status") == b"RUNNING"
     assert await redis.get(keys.fence) == b"3"
 

@@ -59,7 +59,7 @@ class Migration:
         if not job:
             assert names == []
             return
-        assert {n.decode() for n in names} >= {self.keys.state, self.keys.lease}
+        assert {n.decode() for n in names} >= {self.keys.state, self.keys.alive}
         await self.admin[self.src.name].execute_command(
             "MIGRATE", self.dst.host, self.dst.port, "", 0, 5000, "KEYS", *names
         )

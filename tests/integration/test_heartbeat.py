@@ -52,7 +52,7 @@ async def test_process_pool_job_is_visible_to_a_plain_client(
     assert final[b"done"] == b"300"
     assert int(final[b"finished_ms"]) >= int(final[b"started_ms"])
     assert int(await client.ttl(keys.state)) > 0  # retention TTL set
-    assert not await client.exists(keys.lease, keys.alive)
+    assert not await client.exists(keys.alive)
 
 
 async def test_thread_pool_advances_are_counted_exactly(client: AnyRedis, ns: str) -> None:
@@ -83,7 +83,7 @@ async def test_stolen_lease_raises_lease_lost_and_later_writes_never_land(
         with pytest.raises(LeaseLost) as info:
             async with heartbeat(client, "stolen", namespace=ns, interval=0.05, ttl=0.5) as hb:
                 fut = loop.run_in_executor(pool, work.until_cancelled, hb.progress, 10)
-                await client.set(keys.lease, "someone-else", px=5000)
+                await client.set(keys.alive, "someone-else:1", px=5000)
                 await client.hset(keys.state, "stage", "theirs")
                 seq_at_steal = int(await client.hget(keys.state, "seq"))
                 await asyncio.sleep(5)  # cancelled by the heartbeat long before this ends
@@ -93,7 +93,7 @@ async def test_stolen_lease_raises_lease_lost_and_later_writes_never_land(
     assert state[b"status"] == b"RUNNING"  # the fenced-out worker wrote no final state
     assert state[b"stage"] == b"theirs"
     assert int(state[b"seq"]) == seq_at_steal
-    assert await client.get(keys.lease) == b"someone-else"
+    assert await client.get(keys.alive) == b"someone-else:1"
 
 
 async def test_remote_cancel_ends_cancelled_and_the_function_sees_it(

@@ -20,7 +20,7 @@ from redis.exceptions import RedisError
 
 from jobpulse import LeaseLost, LeaseLostCause, heartbeat
 from jobpulse._protocol import calls
-from jobpulse._protocol.keys import KeySchema
+from jobpulse._protocol.keys import AliveValue, KeySchema
 from jobpulse._protocol.scripts import SCRIPTS
 from jobpulse._provision import RedisServer
 from jobpulse._worker.progress import NAME_PREFIX
@@ -140,7 +140,8 @@ async def test_restart_with_data_loss_mid_job_still_ends_completed(
         hb.progress.advance(5)
         await eventually(lambda: _field(private, keys.state, "done", b"10"), within=10)
         await eventually(lambda: _field(private, keys.state, "meta", b'{"k":1}'), within=10)
-        assert await private.get(keys.lease) == hb._token.encode()
+        alive = AliveValue.parse(await private.get(keys.alive))
+        assert (alive.token, alive.fence) == (hb._token, hb.fence)
         assert int(await private.hget(keys.state, "seq")) > seq_before  # seq went on
         assert int(await private.hget(keys.state, "fence")) == hb.fence
     state = await private.hgetall(keys.state)
@@ -313,7 +314,7 @@ async def test_redis_frozen_longer_than_ttl_stops_the_job_and_records_lost(
     state = await private.hgetall(keys.state)
     assert state[b"status"] == b"LOST"
     assert b"expired" in state[b"error"]
-    assert not await private.exists(keys.lease, keys.alive)
+    assert not await private.exists(keys.alive)
 
 
 async def test_a_retried_final_write_is_idempotent(redis: aioredis.Redis, ns: str) -> None:
@@ -325,7 +326,7 @@ async def test_a_retried_final_write_is_idempotent(redis: aioredis.Redis, ns: st
     await redis.script_load(SCRIPTS.finish.text)
     values = ["1", "", "", "", "", "", "", ""]
     again = await redis.evalsha(
-        SCRIPTS.finish.sha, 5, *keys.all(), token, fence, 5000, 999, "COMPLETED", "", 100,
+        SCRIPTS.finish.sha, 4, *keys.all(), token, fence, 5000, 999, "COMPLETED", "", 100,
         60_000, "", *values,
     )  # fmt: skip
     assert again[0] == 0

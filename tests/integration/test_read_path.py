@@ -15,7 +15,7 @@ from redis.asyncio.cluster import RedisCluster
 
 from jobpulse import JobState, StatusReader, script_time
 from jobpulse._protocol.keys import KeySchema
-from jobpulse._provision import RedisServer
+from jobpulse._provision import LocalCluster, RedisServer
 from jobpulse.sync import StatusReader as SyncStatusReader
 
 SNAPSHOT = {
@@ -207,3 +207,25 @@ def test_the_sync_reader_sends_the_same_read_over_resp3_and_after_a_killed_conne
     finally:
         killer.close()
         client.close()
+
+
+async def test_a_reader_on_a_cluster_client_never_initialized_reads(
+    redis_cluster: LocalCluster, ns: str
+) -> None:
+    """``RedisCluster.from_url(...)`` as most code builds it (no ``await initialize()``): the
+    first read must learn the slot map itself (found by the nemesis run on the cluster: the read
+    asked the client for the job's node before any command had loaded the map, and raised
+    ``SlotNotCoveredError``)."""
+    seeder = await RedisCluster.from_url(redis_cluster.url).initialize()
+    fresh = RedisCluster.from_url(redis_cluster.url)
+    try:
+        await _seed(seeder, ns, "fresh")
+        status = await StatusReader(fresh, namespace=ns, cache_ttl=0).get("fresh")
+        assert status.state is JobState.RUNNING
+        assert status.seq == 7
+    finally:
+        keys = KeySchema(ns).job("fresh")
+        await seeder.delete(keys.state)
+        await seeder.delete(keys.alive)
+        await seeder.aclose()
+        await fresh.aclose()

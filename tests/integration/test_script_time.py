@@ -138,7 +138,7 @@ async def test_sweeper_claims_a_dead_workers_job_once_in_argument_time(
     reply = await calls.run(aclient, acquire)
     assert reply.code is calls.AcquireCode.STARTED
     assert clock_of(aclient).arguments  # detected on the first call
-    await eventually(lambda: _gone(aclient, schema.job("d-1").lease), within=5.0)
+    await eventually(lambda: _gone(aclient, schema.job("d-1").alive), within=5.0)
     await aclient.script_flush()  # the sweeper reloads the argument variants it sends
     sweeper = Sweeper(aclient, namespace=ns)
     stale = await eventually(sweeper.sweep, within=5.0)
@@ -187,7 +187,7 @@ async def test_default_time_sends_the_beat_command_unchanged(
     async with heartbeat(redis, "p-1", interval=0.05, ttl=1.0, namespace=ns):
         await eventually(lambda: _later(redis, ns, "p-1", 4), within=5.0)
     clock = clock_of(redis)
-    command = ["EVALSHA", SCRIPTS.beat.sha, 5, *KeySchema(ns).job("p-1").all(), "t", 1, 1000, 2]
+    command = ["EVALSHA", SCRIPTS.beat.sha, 4, *KeySchema(ns).job("p-1").all(), "t", 1, 1000, 2]
     assert not clock.arguments
     assert clock.stamp(command) is command
     assert (await _snapshot(redis, ns, "p-1"))["status"] == JobState.COMPLETED.name

@@ -324,8 +324,9 @@ async def test_a_beat_behind_what_landed_answers_resend_everything_and_so_does_i
 ) -> None:
     """A beat carries the seq its worker knows landed. A snapshot behind it (gone: a restart
     that lost the data; older: a restart from an older RDB, a promoted replica that missed the
-    last writes) is answered 3 and nothing of the beat is written, so the beat's replay finds
-    the same snapshot and answers 3 too; the beat of every field (landed 0) repairs it."""
+    last writes, which restore ``alive`` as of the same moment: one script writes both) is
+    answered 3 and nothing of the beat is written, so the beat's replay finds the same snapshot
+    and answers 3 too; the beat of every field (landed 0) repairs it."""
     keys = KeySchema(ns).job("behind")
     ok = await evalsha(
         client, SCRIPTS.acquire, keys.all(), ["tok", 60_000, 100, "w", "", "", "", "etl"]
@@ -349,18 +350,21 @@ async def test_a_beat_behind_what_landed_answers_resend_everything_and_so_does_i
 
     assert (await calls.run(client, at(seq + 1, seq, 10))).code is calls.BeatCode.WRITTEN
     older = await client.dump(keys.state)
+    older_alive = await client.dump(keys.alive)
     assert (await calls.run(client, at(seq + 2, seq + 1, 500))).code is calls.BeatCode.WRITTEN
     if loss == "gone":
         await client.delete(*keys.all())
     else:
         await client.restore(keys.state, 0, older, replace=True)
+        await client.restore(keys.alive, 60_000, older_alive, replace=True)
     before = await client.hgetall(keys.state)
     entries = await client.xlen(keys.events)
 
     first = await calls.run(client, at(seq + 3, seq + 2, 600))
     again = await calls.run(client, at(seq + 3, seq + 2, 600))  # the client's retry
     assert first.code is again.code is calls.BeatCode.RESEND_STATIC
-    assert await client.get(keys.lease) == b"tok"  # renewed (re-taken when it was gone)
+    held = seq + 1 if loss == "older" else 0  # the snapshot's seq: alive carries it
+    assert await client.get(keys.alive) == f"tok:{fence}:{held}:0".encode()  # renewed/re-taken
     after = await client.hgetall(keys.state)
     assert after == {**before, b"status": b"RUNNING", b"fence": str(fence).encode()}
     assert await client.xlen(keys.events) == entries  # no entry either
@@ -375,17 +379,20 @@ async def test_a_snapshot_rolled_back_under_a_live_worker_is_repaired(
     client: AnyRedis, ns: str
 ) -> None:
     """An older snapshot under a live worker (its lease survived: a restart from an older RDB,
-    a promoted replica that missed the last writes) is repaired by the worker's next beats:
-    the checkpoint and stage it wrote come back. Beats carry only changed fields, so they used
-    to leave the older checkpoint for the rest of the run (issue 24, item 2)."""
+    a promoted replica that missed the last writes; ``alive``, written by the same scripts, is
+    restored as of the same moment) is repaired by the worker's next beats: the checkpoint and
+    stage it wrote come back. Beats carry only changed fields, so they used to leave the older
+    checkpoint for the rest of the run (issue 24, item 2)."""
     keys = KeySchema(ns).job("rolled")
     async with heartbeat(client, "rolled", namespace=ns, interval=0.05, ttl=10, kind="etl") as hb:
         hb.set_stage("load")
         await hb.checkpoint(row=10)
         older = await client.dump(keys.state)
+        older_alive = await client.dump(keys.alive)  # at most a beat later: still behind
         hb.set_stage("crunch")
         await hb.checkpoint(row=500)
         await client.restore(keys.state, 0, older, replace=True)
+        await client.restore(keys.alive, 10_000, older_alive, replace=True)
         assert await client.hget(keys.state, "checkpoint") == b'{"row":10}'
         await eventually(lambda: _holds(client, keys.state, "checkpoint", b'{"row":500}'))
         assert await client.hget(keys.state, "stage") == b"crunch"
@@ -405,7 +412,8 @@ async def test_a_worker_that_dies_after_a_rollback_is_resumed_from_its_latest_ch
 ) -> None:
     """The consequence of issue 24 item 2 with a real worker process: its snapshot rolled back
     to an older checkpoint, the worker repairs it, then is SIGKILLed. The sweeper's StaleJob
-    and the next attempt's ``resume_from`` carry the checkpoint the worker saw written."""
+    and the next attempt's ``resume_from`` carry the checkpoint the worker saw written (the
+    rollback restores ``alive`` too: one script writes both)."""
     keys = KeySchema(ns).job("resumed")
     proc = spawn_ready(
         "tests.integration.checkpoint_proc", url_of(client), ns, "resumed", "1.0", stdin=True
@@ -414,10 +422,12 @@ async def test_a_worker_that_dies_after_a_rollback_is_resumed_from_its_latest_ch
         assert proc.stdin is not None
         assert proc.stdout is not None
         older = await client.dump(keys.state)
+        older_alive = await client.dump(keys.alive)  # restored with it, as a rollback does
         proc.stdin.write("go\n")
         proc.stdin.flush()
         assert await asyncio.to_thread(proc.stdout.readline) == "checkpointed\n"
         await client.restore(keys.state, 0, older, replace=True)
+        await client.restore(keys.alive, 1_000, older_alive, replace=True)
         await eventually(lambda: _holds(client, keys.state, "checkpoint", b'{"row":500}'))
     finally:
         stop(proc)
@@ -469,15 +479,15 @@ async def test_a_final_write_replayed_after_new_attempts_answers_already_ended(
     fence_b, attempt_b, seq_b = await acquire("tokB")
     assert attempt_b == 2
     assert await calls.run(client, a) is calls.FinishCode.ALREADY_ENDED  # B is running
-    assert await client.get(keys.lease) == b"tokB"
+    assert await client.get(keys.alive) == f"tokB:{fence_b}:{seq_b}:0".encode()
     assert await calls.run(client, finish("tokB", fence_b, seq_b + 1)) is calls.FinishCode.WRITTEN
     assert await calls.run(client, a) is calls.FinishCode.ALREADY_ENDED  # B ended too
     await acquire("tokC")
     assert await calls.run(client, a) is calls.FinishCode.ALREADY_ENDED  # C is running
 
-    # C's lease and liveness expire and D starts: C never wrote an end, so it is taken over
+    # C's alive key expires and D starts: C never wrote an end, so it is taken over
     fence_c = int(await client.hget(keys.state, "fence"))
-    await client.delete(keys.lease, keys.alive)
+    await client.delete(keys.alive)
     await acquire("tokD")
     taken = await calls.run(client, finish("tokC", fence_c, 99))
     assert taken is calls.FinishCode.TAKEN_OVER

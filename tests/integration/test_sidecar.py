@@ -207,6 +207,45 @@ async def test_a_sigkilled_helper_fails_the_job_loudly_and_the_next_job_gets_a_n
     assert await eventually(claim, within=10) == ["orphan"]
 
 
+@pytest.mark.parametrize("shell", SHELLS)
+def test_a_helper_killed_while_a_job_starts_fails_it_with_lease_lost_and_the_next_one_runs(
+    shell: str, redis_url: str, ns: str
+) -> None:
+    """The helper dies while the job's start waits for it (stopped, then SIGKILLed): the block
+    raises ``LeaseLost(SIDECAR_DIED)``, as for a death mid-job, and the next job of the process
+    starts a new helper and ends COMPLETED. (Before: a ``RuntimeError`` that a worker loop
+    handling jobpulse's errors does not expect: the nemesis's sidecar worker ended on it.)"""
+    opts: dict[str, Any] = {"namespace": ns, "ttl": 3.0, "interval": 0.5, "sidecar": True}
+
+    async def run_async(job: str) -> int | None:
+        client = aioredis.Redis.from_url(redis_url)
+        try:
+            async with jobpulse.heartbeat(client, job, **opts) as hb:
+                return hb.helper_pid  # type: ignore[union-attr]
+        finally:
+            await client.aclose()
+
+    def run(job: str) -> int | None:
+        if shell == "asyncio":
+            return asyncio.run(run_async(job))
+        with jobpulse.sync.heartbeat(redis.Redis.from_url(redis_url), job, **opts) as hb:
+            return hb.helper_pid  # type: ignore[union-attr]
+
+    helper = run(f"{ns}-first")
+    assert helper is not None
+    os.kill(helper, signal.SIGSTOP)  # it cannot answer the next start
+    killer = threading.Timer(0.5, os.kill, (helper, signal.SIGKILL))
+    killer.start()
+    with pytest.raises(jobpulse.LeaseLost) as lost:
+        run(f"{ns}-second")
+    killer.join()
+    assert lost.value.cause is jobpulse.LeaseLostCause.SIDECAR_DIED
+    third = run(f"{ns}-third")
+    assert third not in (None, helper)
+    with redis.Redis.from_url(redis_url) as client:
+        assert client.hget(KeySchema(ns).state(f"{ns}-third"), "status") == b"COMPLETED"
+
+
 async def _beaten(redis: aioredis.Redis, keys: KeySchema, job: str) -> bool:
     """The job has been beaten a few times (its seq moved past the start)."""
     seq = await redis.hget(keys.state(job), "seq")

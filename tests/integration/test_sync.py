@@ -52,7 +52,7 @@ def test_spawn_pool_job_completes_with_every_item(sync_client: redis.Redis, ns: 
     final = sync_client.hgetall(keys.state)
     assert final[b"status"] == b"COMPLETED"
     assert final[b"done"] == b"200"
-    assert not sync_client.exists(keys.lease, keys.alive)
+    assert not sync_client.exists(keys.alive)
 
 
 def test_an_exception_writes_failed(sync_client: redis.Redis, ns: str) -> None:
@@ -128,7 +128,7 @@ def test_stolen_lease_raises_lease_lost_at_exit(sync_client: redis.Redis, ns: st
         pytest.raises(LeaseLost) as lost,
         heartbeat(sync_client, "stolen", namespace=ns, interval=0.05, ttl=1.0) as hb,
     ):
-        sync_client.set(keys.lease, "someone-else", px=5000)
+        sync_client.set(keys.alive, "someone-else:1", px=5000)
         while not hb.cancelled:
             time.sleep(0.01)
         with pytest.raises(JobCancelled):

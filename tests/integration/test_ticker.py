@@ -42,7 +42,7 @@ async def test_a_refused_beat_leaves_other_jobs_index_deadlines_in_the_future(
                 # Right after steady's beat: the doomed job's next beat (within 0.05 s) is
                 # refused long before steady's next one (1 s), so it is the last reply seen.
                 keys = schema.job("doomed")
-                await redis.delete(keys.lease)
+                await redis.delete(keys.alive)
                 await redis.incr(keys.fence)  # a sweeper's claim moved the fence
                 await asyncio.sleep(30)  # cancelled once the refused beat is seen
         assert info.value.cause is LeaseLostCause.FENCED_OUT

@@ -301,7 +301,7 @@ async def test_an_orphaned_def_body_never_keeps_the_claim_after_its_lease_is_los
         return (await reader.get(job.id)).state is JobState.RUNNING
 
     await eventually(running, within=10)
-    await redis.set(KeySchema(ns).job(job.id).lease, "another-attempt", px=30_000)
+    await redis.set(KeySchema(ns).job(job.id).alive, "another-attempt:1", px=30_000)
 
     touched: list[int] = []
 

@@ -415,7 +415,7 @@ async def test_the_entry_of_a_task_that_lost_its_lease_is_no_longer_refreshed(
         return (await reader.get(task.task_id)).state is JobState.RUNNING
 
     await eventually(running, within=10)
-    await redis.set(KeySchema(ns).job(task.task_id).lease, "another-attempt", px=30_000)
+    await redis.set(KeySchema(ns).job(task.task_id).alive, "another-attempt:1", px=30_000)
     await eventually(lambda: redis.exists(lost), within=5)
 
     async def idle_for_a_second() -> bool:

@@ -1,5 +1,6 @@
-"""The nemesis run (issue 26): real worker, sweeper and reader processes against a private Redis
-while a seeded schedule injects faults; every operation and fault goes into a history that a pure
+"""The nemesis run (issue 26): real worker, sweeper and reader processes against private servers
+(one Redis behind a fault proxy, Sentinel, or Cluster: :mod:`tests.nemesis.topology`) while a
+seeded schedule injects faults; every operation and fault goes into a history that a pure
 checker (:mod:`tests.nemesis.checker`) holds against the promises of docs/reliability.md.
 
 It lives in ``tests/`` (not ``benchmarks/``) because it is a correctness check with one right

@@ -31,18 +31,18 @@ from types import FrameType
 from typing import Any
 
 import redis
-import redis.asyncio as aioredis
 
 import jobpulse.sync
 from jobpulse import JobpulseError, LeaseLost, StatusReader, Sweeper, heartbeat
 
 from .history import History
+from .topology import async_client, factory, sync_client
 
 STEP = 0.1
 
 
-def _gil_hold(hist: History, seconds: float) -> None:
-    """On SIGUSR1, hold the GIL for about ``seconds``: ``sum(range(n))`` is one C call that
+def _gil_hold(hist: History, seconds: float, signum: int = signal.SIGUSR1) -> None:
+    """On ``signum``, hold the GIL for about ``seconds``: ``sum(range(n))`` is one C call that
     never lets another thread (a sync heartbeat's beat thread) or the event loop run."""
     t = time.perf_counter()
     sum(range(1_000_000))
@@ -53,7 +53,18 @@ def _gil_hold(hist: History, seconds: float) -> None:
         sum(range(n))
         hist.add("gil", start=start, end=time.monotonic())
 
-    signal.signal(signal.SIGUSR1, hold)
+    signal.signal(signum, hold)
+
+
+def _options(cfg: dict[str, Any]) -> dict[str, Any]:
+    """The heartbeat's options: a sidecar's helper builds its client with the topology's
+    ``client_factory`` (Sentinel, Cluster)."""
+    opts = {"namespace": cfg["ns"], "ttl": cfg["ttl"], "interval": cfg["interval"],
+            "sidecar": cfg["sidecar"]}  # fmt: skip
+    made = factory(cfg["conn"]) if cfg["sidecar"] else None
+    if made is not None:
+        opts["client_factory"] = made
+    return opts
 
 
 def _steps(cfg: dict[str, Any], n: int) -> int:
@@ -61,9 +72,8 @@ def _steps(cfg: dict[str, Any], n: int) -> int:
 
 
 async def async_worker(cfg: dict[str, Any], hist: History) -> None:
-    client = aioredis.Redis.from_url(cfg["url"])
-    opts = {"namespace": cfg["ns"], "ttl": cfg["ttl"], "interval": cfg["interval"],
-            "sidecar": cfg["sidecar"]}  # fmt: skip
+    client = async_client(cfg["conn"])
+    opts = _options(cfg)
     print("ready", flush=True)
     for n in range(1, 1_000_000):
         job, fence, t0 = f"{cfg['proc']}-{n}", None, time.monotonic()
@@ -98,9 +108,8 @@ async def async_worker(cfg: dict[str, Any], hist: History) -> None:
 def sync_worker(cfg: dict[str, Any], hist: History) -> None:
     # A blocking pipeline is bounded by the client's socket_timeout only: keep it below ttl, as
     # docs/sync.md says (without it a connection that never answers stops the beat thread).
-    client = redis.Redis.from_url(cfg["url"], socket_timeout=cfg["ttl"] / 3)
-    opts = {"namespace": cfg["ns"], "ttl": cfg["ttl"], "interval": cfg["interval"],
-            "sidecar": cfg["sidecar"]}  # fmt: skip
+    client = sync_client(cfg["conn"], socket_timeout=cfg["ttl"] / 3)
+    opts = _options(cfg)
     print("ready", flush=True)
     for n in range(1, 1_000_000):
         job, fence, t0 = f"{cfg['proc']}-{n}", None, time.monotonic()
@@ -134,7 +143,7 @@ def sync_worker(cfg: dict[str, Any], hist: History) -> None:
 
 
 async def sweeper(cfg: dict[str, Any], hist: History) -> None:
-    client = aioredis.Redis.from_url(cfg["url"])
+    client = async_client(cfg["conn"])
     sw = Sweeper(client, namespace=cfg["ns"], redeliver_after=cfg["redeliver_after"])
     rng = random.Random(f"{cfg['seed']}-{cfg['proc']}")
     print("ready", flush=True)
@@ -204,12 +213,12 @@ async def _read_loop(cfg: dict[str, Any], hist: History, name: str,
 
 
 async def async_reader(cfg: dict[str, Any], hist: History) -> None:
-    reader = StatusReader(aioredis.Redis.from_url(cfg["url"]), namespace=cfg["ns"])
+    reader = StatusReader(async_client(cfg["conn"]), namespace=cfg["ns"])
     await _read_loop(cfg, hist, "async", reader.get)
 
 
 async def sync_reader(cfg: dict[str, Any], hist: History) -> None:
-    client = redis.Redis.from_url(cfg["url"], socket_timeout=cfg["ttl"] / 3)
+    client = sync_client(cfg["conn"], socket_timeout=cfg["ttl"] / 3)
     reader = jobpulse.sync.StatusReader(client, namespace=cfg["ns"])
 
     async def get(job: str) -> Any:

@@ -22,9 +22,11 @@ TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "LOST"})
 # pid) or on Redis / the network of every worker (target "redis" / "net").
 # A GIL hold excuses nothing for a job beaten by the sidecar helper (it beats from its own process);
 # a killed helper leaves its owner alive, its job unbeaten until the owner learns it.
+# A Sentinel failover (its start: the old master's crash) leaves the jobs unbeaten until the
+# promotion and loses the writes the promoted replica missed. A slot migration excuses nothing.
 EXCUSE_STALE = frozenset({"stop", "gil", "blackhole", "restart", "rollback", "sleep",
-                          "sidecar_kill"})  # fmt: skip
-DATA_LOSS = frozenset({"restart", "rollback"})
+                          "sidecar_kill", "failover"})  # fmt: skip
+DATA_LOSS = frozenset({"restart", "rollback", "failover"})
 
 RULES = (
     "live-never-stale",
@@ -38,19 +40,25 @@ RULES = (
     "queue-no-overlap",
     "queue-completed-not-rerun",
     "checkpoint-kept",
+    "worker-progress",
 )
+# a worker's own records of its job: each says the job advanced
+WORK = ("acquire", "checkpoint", "final", "lease_lost", "job_error")
+DONE = ("final", "lease_lost", "job_error")
 
 
 @dataclass(frozen=True)
 class Limits:
     """What the rules allow: the jobs' ``ttl``, the readers' ``cache_ttl``, ``grace`` for one
     read's or one beat's own time, ``claim_within``: how long after a worker's death a sweeper
-    must have delivered its job."""
+    must have delivered its job; ``progress_within``: the longest a live worker, not stopped and
+    out of every fault's reach, may go without a record of its job advancing."""
 
     ttl: float
     cache_ttl: float = 0.5
     grace: float = 1.0
     claim_within: float = 3.0
+    progress_within: float = 9.0
 
 
 @dataclass
@@ -71,7 +79,8 @@ def check(history: Sequence[Record], limits: Limits) -> list[Violation]:
     for rule in (h.live_never_stale, h.dead_stale_within_ttl, h.claimed_once,
                  h.delivered_until_acked, h.dead_job_claimed, h.fenced_out_never_writes,
                  h.final_never_overwritten, h.reader_monotonic, h.queue_no_overlap,
-                 h.queue_completed_not_rerun, h.checkpoint_kept):  # fmt: skip
+                 h.queue_completed_not_rerun, h.checkpoint_kept,
+                 h.worker_progress):  # fmt: skip
         out.extend(rule())
     return out
 
@@ -196,6 +205,9 @@ class _Index:
         for acq, k in self._held_at_death():
             if k + reach > self.end_faults or (acq["job"], acq["attempt"]) in delivered:
                 continue
+            if any(a["job"] == acq["job"] and a["fence"] > acq["fence"] and a["t"] <= k + reach
+                   for a in self.by_op["acquire"]):  # fmt: skip
+                continue  # taken over by its next attempt (a queue's redelivery) in time
             if self._data_lost(k - self.lim.ttl, k + reach):
                 continue  # the job itself may be gone
             yield Violation(
@@ -285,13 +297,78 @@ class _Index:
                                     "at once", [a, b])  # fmt: skip
 
     def queue_completed_not_rerun(self) -> Iterable[Violation]:
+        """A completed task is not started again, unless its delivery was not acknowledged
+        and the node's main process (which acknowledges it) was killed before it could, or the
+        server went back to an older RDB taken before the acknowledgement, or kombu put it
+        back on the queue when it closed the node's channel (a lost connection: running tasks'
+        deliveries too): at-least-once delivery, which no heartbeat changes."""
         for task, runs in self._executions().items():
             done = [e for _, _, e in runs if e is not None and e["outcome"] == "completed"]
             for s, _, _ in runs:
-                if done and s["t"] > min(e["t"] for e in done):
+                first = [e for e in done if e["t"] < s["t"]][:1]
+                if first and not self._redelivered(first[0], s):
                     yield Violation("queue-completed-not-rerun",
                                     f"task {task} started again after it completed",
-                                    [done[0], s])  # fmt: skip
+                                    [first[0], s])  # fmt: skip
+                    break
+
+    def _redelivered(self, end: Record, start: Record) -> bool:
+        """Whether the completed run ``end``'s delivery may lawfully come back by ``start``."""
+        lo, hi = end["t"], start["t"]
+        if any(k == "rollback" and lo < s < hi for k, _, s, _ in self.windows):
+            return True
+        node = end.get("node_pid", -1)
+        got = [r["t"] for r in self.by_op["q_received"] if r["pid"] == node and r["t"] <= lo]
+        since = max(got, default=float("-inf"))  # when this node got the delivery that completed
+        if any(end["task"] in r["tasks"] and r["pid"] == node and since <= r["t"] <= hi
+               for r in self.by_op["q_restore"]):  # fmt: skip
+            return True
+        acked = any(a["task"] == end["task"] and lo <= a["t"] <= hi for a in self.by_op["q_ack"])
+        killed = self.killed.get(end.get("node_pid", -1))
+        return not acked and killed is not None and lo - self.lim.grace <= killed <= hi
+
+    def _paused(self, pid: int, lo: float, hi: float) -> float:
+        """The time of [lo, hi] out of every fault's reach: faults on ``pid`` (a stop, a GIL
+        hold, its helper killed) or on every worker (Redis, the network), each reaching
+        ``2 ttl + grace`` past its end (a lease lost meanwhile ends its job at the next beat)."""
+        reach = 2 * self.lim.ttl + self.lim.grace
+        spans = sorted((max(lo, s), min(hi, e + reach)) for k, tg, s, e in self.windows
+                       if tg in (pid, "redis", "net") and k != "kill" and s <= hi
+                       and e + reach >= lo)  # fmt: skip
+        covered, at = 0.0, lo
+        for s, e in spans:
+            s = max(s, at)
+            if e > s:
+                covered += e - s
+                at = e
+        return (hi - lo) - covered
+
+    def worker_progress(self) -> Iterable[Violation]:
+        """A worker process that is alive and not stopped keeps its job advancing: its records
+        (acquire, a checkpoint every 5 steps, the end) come at most ``progress_within`` apart,
+        counting only the time out of every fault's reach. A worker of the fleet starts its
+        next job at once, so the time between two jobs counts too; a queue's child waits for
+        deliveries, so only the time within a job counts for it. Until the run ends or the
+        process is killed."""
+        by_pid: dict[int, list[Record]] = defaultdict(list)
+        for r in self.h:
+            if r["op"] in WORK:
+                by_pid[r["pid"]].append(r)
+        for pid, recs in by_pid.items():
+            queue = any(r.get("shell") == "celery" for r in recs)
+            stop = min(self.killed.get(pid, self.end), self.end)
+            tail = {"t": stop, "op": "(the run's end or its kill)"}
+            alive = [r for r in recs if r["t"] <= stop]
+            for a, b in itertools.pairwise([*alive, tail]):
+                if queue and a["op"] in DONE:
+                    continue
+                silent = self._paused(pid, a["t"], b["t"])
+                if silent > self.lim.progress_within:
+                    yield Violation("worker-progress",
+                                    f"worker pid {pid} ({a['proc']}), alive and not stopped, "
+                                    f"recorded nothing for {b['t'] - a['t']:.1f} s ({silent:.1f} s "
+                                    f"out of every fault's reach) after {a['op']} of job "
+                                    f"{a['job']}", [a] + ([b] if "pid" in b else []))  # fmt: skip
                     break
 
     def checkpoint_kept(self) -> Iterable[Violation]:

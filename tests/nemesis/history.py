@@ -14,7 +14,11 @@ Operations (the fields beside the common ones):
 * reader: ``read`` (job, reader, t0, state, fence, seq; ``t`` is when the answer came),
   ``read_error`` (job, error);
 * sweeper: ``deliver`` (job, attempt, fence, checkpoint n or None), ``ack`` (job, attempt, fence);
-* queue (checked, no queue harness yet): ``exec_start`` / ``exec_end`` (task, outcome);
+* queue (:mod:`tests.nemesis.celery_actor`): a node's main process ``q_received`` (task: a
+  delivery), ``q_ack`` (task), ``q_restore`` (tasks: kombu put a closed channel's deliveries
+  back on the queue); a pool child ``exec_start`` / ``exec_end`` (task, node, node_pid,
+  outcome ``completed`` or the exception's name), ``no_heartbeat`` (task: jobpulse could not take
+  the lease, the body did nothing) and the job's records as a worker's; the producer ``q_send``;
 * harness: ``spawn`` (role, child), ``fault`` (kind, target: a pid, ``"redis"`` or ``"net"``,
   start, end), ``schedule`` (seed, faults), ``end_faults``, ``dump`` (job, state, fence, seq,
   checkpoints: the ``n`` of every checkpoint entry in the job's stream after the run).

@@ -12,6 +12,7 @@ from .history import Record
 
 LIM = Limits(ttl=3.0, cache_ttl=0.5, grace=1.0, claim_within=3.0)
 W, W2, S, R = 100, 101, 200, 300  # pids: two workers, a sweeper, a reader
+W3, N = 102, 400  # a third worker; a queue node's main process
 
 
 def rec(t: float, op: str, pid: int, **f: Any) -> Record:
@@ -28,8 +29,9 @@ def fault(kind: str, target: object, start: float, end: float) -> Record:
 
 
 def clean() -> list[Record]:
-    """Worker W runs j (fence 5) to COMPLETED; worker W2 holds k (fence 9), is killed at 10,
-    read STALE, claimed once at 16 (fence 10) with its last checkpoint, acked."""
+    """Worker W runs j (fence 5) to COMPLETED and is killed between two jobs at 6; worker W2
+    holds k (fence 9), is killed at 10, read STALE, claimed once at 16 (fence 10) with its last
+    checkpoint, acked."""
     h = [
         rec(0.0, "spawn", 1, role="worker", child=W),
         rec(1.0, "acquire", W, job="j", fence=5, attempt=1, t0=0.9),
@@ -38,6 +40,7 @@ def clean() -> list[Record]:
         read(2.5, "RUNNING", 5, 3),
         rec(4.0, "final", W, job="j", fence=5, status="COMPLETED", t0=3.9),
         read(5.0, "COMPLETED", 5, 6),
+        fault("kill", W, 6.0, 6.0),
         rec(6.0, "acquire", W2, job="k", fence=9, attempt=1, t0=5.9),
         rec(7.0, "checkpoint", W2, job="k", fence=9, n=4, t0=6.9),
         read(8.0, "RUNNING", 9, 2, job="k"),
@@ -70,11 +73,12 @@ BROKEN: dict[str, list[Record]] = {
                      rec(18.1, "ack", S, job="k", attempt=1, fence=11)],
     # a claim of j2 delivered and never acknowledged nor delivered again
     "delivered-until-acked": [
-        rec(16.0, "acquire", W, job="j2", fence=1, attempt=1, t0=15.9),
+        rec(16.0, "acquire", W3, job="j2", fence=1, attempt=1, t0=15.9),
+        fault("kill", W3, 17.0, 17.0),
         rec(21.0, "deliver", S, job="j2", attempt=1, fence=2, checkpoint=None)],
-    # W holds j3 when killed at 20; nobody claims it by end_faults (30)
-    "dead-job-claimed": [rec(16.0, "acquire", W, job="j3", fence=1, attempt=1, t0=15.9),
-                         fault("kill", W, 20.0, 20.0)],
+    # W3 holds j3 when killed at 20; nobody claims it by end_faults (30)
+    "dead-job-claimed": [rec(16.0, "acquire", W3, job="j3", fence=1, attempt=1, t0=15.9),
+                         fault("kill", W3, 20.0, 20.0)],
     # W2's checkpoint acknowledged though it started after the claim returned
     "fenced-out-never-writes": [rec(16.5, "checkpoint", W2, job="k", fence=9, n=5, t0=16.3)],
     # j read RUNNING after its COMPLETED write returned
@@ -93,6 +97,10 @@ BROKEN: dict[str, list[Record]] = {
                                   rec(4.0, "exec_end", W2, task="q", outcome="completed")],
     # j's checkpoint 2 acknowledged but not in its stream after the run
     "checkpoint-kept": [rec(3.0, "checkpoint", W, job="j", fence=5, n=2, t0=2.9)],
+    # W3, alive and never stopped, records nothing of its job p for 13 s (bound 9 s)
+    "worker-progress": [rec(11.0, "acquire", W3, job="p", fence=1, attempt=1, t0=10.9),
+                        rec(12.0, "checkpoint", W3, job="p", fence=1, n=5, t0=11.9),
+                        rec(25.0, "final", W3, job="p", fence=1, status="COMPLETED", t0=24.9)],
 }  # fmt: skip
 
 
@@ -119,14 +127,22 @@ def test_a_fenced_out_write_seen_by_a_reader_is_named() -> None:
 
 @pytest.mark.parametrize(
     ("kind", "target"),
-    [("stop", W), ("gil", W), ("blackhole", "net"), ("restart", "redis"), ("sleep", "redis")],
+    [
+        ("stop", W),
+        ("gil", W),
+        ("blackhole", "net"),
+        ("restart", "redis"),
+        ("sleep", "redis"),
+        ("failover", "redis"),
+    ],
 )
 def test_a_stale_verdict_is_excused_by_a_fault_that_may_cause_it(kind: str, target: object) -> None:
     assert rules_of(clean() + BROKEN["live-never-stale"] + [fault(kind, target, 1.2, 1.4)]) == []
 
 
 @pytest.mark.parametrize(("kind", "target"), [("stop", W2), ("latency", "net"), ("cut", "net"),
-                                              ("lost_reply", "net"), ("stop", W)])  # fmt: skip
+                                              ("lost_reply", "net"), ("stop", W),
+                                              ("migrate", "slot 1: a -> b")])  # fmt: skip
 def test_a_stale_verdict_is_not_excused_by_other_faults(kind: str, target: object) -> None:
     start = -10.0 if target == W else 1.2  # W's own stop long before: no excuse either
     h = clean() + BROKEN["live-never-stale"] + [fault(kind, target, start, start + 0.2)]
@@ -167,10 +183,11 @@ def test_after_a_data_loss_the_checkpoints_since_or_else_the_last_before_must_be
     ]
 
 
-def test_a_claim_lost_with_the_data_need_not_be_delivered_again() -> None:
+@pytest.mark.parametrize("kind", ["restart", "rollback", "failover"])
+def test_a_claim_lost_with_the_data_need_not_be_delivered_again(kind: str) -> None:
     h = clean() + BROKEN["delivered-until-acked"]
-    assert rules_of([*h, fault("restart", "redis", 22.0, 22.1)]) == []
-    assert rules_of([*h, fault("restart", "redis", 20.0, 20.1)]) == ["delivered-until-acked"]
+    assert rules_of([*h, fault(kind, "redis", 22.0, 22.1)]) == []
+    assert rules_of([*h, fault(kind, "redis", 20.0, 20.1)]) == ["delivered-until-acked"]
 
 
 def test_a_terminal_read_served_from_the_cache_after_a_data_loss_is_no_final_state_after_it() -> (
@@ -191,3 +208,59 @@ def test_a_gil_hold_excuses_no_stale_verdict_for_a_job_the_sidecar_beats() -> No
     assert rules_of([*h, *BROKEN["live-never-stale"], gil]) == ["live-never-stale"]
     killed = fault("sidecar_kill", W, 1.2, 1.2)  # its helper killed: unbeaten until it learns
     assert rules_of([*h, *BROKEN["live-never-stale"], killed]) == []
+
+
+def test_a_dead_job_taken_over_by_its_next_attempt_in_time_needs_no_claim() -> None:
+    taken = rec(22.0, "acquire", W2 + 10, job="j3", fence=2, attempt=2, t0=21.9)
+    done = rec(23.0, "final", W2 + 10, job="j3", fence=2, status="COMPLETED", t0=22.9)
+    assert rules_of([*clean(), *BROKEN["dead-job-claimed"], taken, done]) == []
+    late = dict(taken, t=27.0, t0=26.9)  # after ttl + claim_within (26)
+    assert rules_of([*clean(), *BROKEN["dead-job-claimed"], late, dict(done, t=28.0)]) == [
+        "dead-job-claimed"
+    ]
+
+
+def test_no_progress_is_excused_by_faults_only_for_their_reach() -> None:
+    stuck = BROKEN["worker-progress"]
+    assert rules_of([*clean(), *stuck, fault("stop", W3, 13.0, 17.0)]) == []  # 13 s - 11 s
+    assert rules_of([*clean(), *stuck, fault("cut", "net", 13.0, 13.0)]) == []  # 13 s - 7 s
+    assert rules_of([*clean(), *stuck, fault("stop", W2, 13.0, 17.0)]) == ["worker-progress"]
+    assert rules_of([*clean(), *stuck, fault("stop", W3, 1.0, 2.0)]) == ["worker-progress"]
+
+
+def test_a_worker_silent_until_the_end_is_named_a_queue_child_between_jobs_is_not() -> None:
+    silent = [rec(11.0, "acquire", W3, job="p", fence=1, attempt=1, t0=10.9),
+              rec(12.0, "final", W3, job="p", fence=1, status="COMPLETED", t0=11.9)]  # fmt: skip
+    assert rules_of([*clean(), *silent]) == ["worker-progress"]  # nothing from 12 to 31
+    queue = [dict(r, shell="celery") if r["op"] == "acquire" else r for r in silent]
+    assert rules_of([*clean(), *queue]) == []
+    assert rules_of([*clean(), *silent, fault("kill", W3, 14.0, 14.0)]) == []
+
+
+def _queue(*extra: Record) -> list[Record]:
+    node = {"node": "q.1", "node_pid": N}
+    return [*clean(), rec(1.0, "exec_start", W, task="q", **node),
+            rec(2.0, "exec_end", W, task="q", outcome="completed", **node),
+            rec(5.0, "exec_start", W2, task="q", node="q2.1", node_pid=N + 1), *extra]  # fmt: skip
+
+
+def test_a_completed_task_may_run_again_only_if_its_delivery_came_back() -> None:
+    assert rules_of(_queue()) == ["queue-completed-not-rerun"]
+    # its node killed before it acknowledged the delivery: the delivery is restored
+    assert rules_of(_queue(fault("kill", N, 2.5, 2.5))) == []
+    acked = rec(2.2, "q_ack", N, task="q")
+    assert rules_of(_queue(acked, fault("kill", N, 2.5, 2.5))) == ["queue-completed-not-rerun"]
+    assert rules_of(_queue(fault("kill", N + 7, 2.5, 2.5))) == ["queue-completed-not-rerun"]
+    # kombu put the node's deliveries back on the queue (its connection was lost)
+    restored = rec(1.5, "q_restore", N, tasks=["q", "other"])
+    got = rec(0.9, "q_received", N, task="q")
+    assert rules_of(_queue(got, restored, acked)) == []
+    assert rules_of(_queue(got, dict(restored, tasks=["other"]), acked)) == [
+        "queue-completed-not-rerun"
+    ]
+    assert rules_of(_queue(got, dict(restored, pid=N + 1), acked)) == ["queue-completed-not-rerun"]
+    # the server back on an RDB taken before the acknowledgement
+    assert rules_of(_queue(acked, fault("rollback", "redis", 3.0, 3.1))) == []
+    assert rules_of(_queue(acked, fault("rollback", "redis", 0.5, 0.6))) == [
+        "queue-completed-not-rerun"
+    ]

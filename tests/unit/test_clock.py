@@ -21,7 +21,7 @@ class Clock:
 
 
 def beat_command() -> list[object]:
-    return ["EVALSHA", SCRIPTS.beat.sha, 5, "s", "e", "l", "a", "f", "tok", 3, 6000, 12]
+    return ["EVALSHA", SCRIPTS.beat.sha, 4, "s", "e", "a", "f", "tok", 3, 6000, 12]
 
 
 def test_server_time_sends_every_command_as_it_is() -> None:

@@ -40,7 +40,7 @@ def parse(args: list[Any]) -> tuple[int, dict[str, str], tuple[Any, ...] | None,
     """A beat command as (seq, fields sent, event (kind, details, maxlen) or None, pairs)."""
     assert args[0] == len(args) - 1  # the segment's length, then token fence ttl
     seq, names, rest = args[4], args[6], args[7:]  # (args[5]: landed)
-    digits = names.rstrip("+")
+    digits = names.lstrip("~=").rstrip("+")
     fields = {calls.BEAT_FIELDS[int(d) - 1]: rest[i] for i, d in enumerate(digits)}
     rest = rest[len(digits) :]
     event = None
@@ -432,9 +432,9 @@ def test_beats_are_batched_per_call_and_per_hash_slot_on_a_cluster() -> None:
     single = beat_calls(beats, None)  # type: ignore[type-var]
     assert [len(js) for js, _ in single] == [BATCH, 6]
     command = single[1][1]
-    assert command[:3] == ["EVALSHA", calls.SCRIPTS.beat.sha, 30]
-    assert command[3:8] == list(jobs[BATCH].machine.beat_keys)
-    assert command[33:] == [*beats[BATCH][1], *[a for _, seg in beats[BATCH + 1 :] for a in seg]]
+    assert command[:3] == ["EVALSHA", calls.SCRIPTS.beat.sha, 24]  # 4 keys per job
+    assert command[3:7] == list(jobs[BATCH].machine.beat_keys)
+    assert command[27:] == [*beats[BATCH][1], *[a for _, seg in beats[BATCH + 1 :] for a in seg]]
     by_slot = beat_calls(beats, lambda key: len(key) % 2)  # type: ignore[type-var]
     for group, _command in by_slot:
         assert len({len(job.machine.beat_keys[0]) % 2 for job in group}) == 1

@@ -83,7 +83,6 @@ def test_keys_share_one_hash_tag_per_job() -> None:
     assert keys.all() == (
         "ns:{a:b/c}:state",
         "ns:{a:b/c}:events",
-        "ns:{a:b/c}:lease",
         "ns:{a:b/c}:alive",
         "ns:{a:b/c}:fence",
     )

@@ -165,6 +165,7 @@ def encode_beat(
     values: Sequence[Any],
     event: tuple[str, str, int] | None = None,
     pairs: Sequence[Any] = (),
+    done_moved: bool | None = True,
 ) -> list[Any]:
     """One job's segment of a ``beat.lua`` call, its length first: THE beat encoder (the
     tickers' machines, :func:`beat_segment`, tests and benchmarks all build beats with it).
@@ -173,8 +174,13 @@ def encode_beat(
     :attr:`BeatCode.RESEND_STATIC`, writing nothing of the beat; 0: no check); ``present``: the
     indexes in :data:`BEAT_FIELDS` of the fields sent, ascending, and ``values`` theirs;
     ``event``: ``(kind, details, maxlen)`` of a stream entry; ``pairs``: field, value pairs
-    written as they are (static fields, the checkpoint)."""
-    names = "".join([BEAT_DIGITS[i] for i in present])
+    written as they are (static fields, the checkpoint); ``done_moved``, when ``done`` is sent:
+    True, it moved (``progress_ms`` moves); False, it is sent unchanged (with a stream entry:
+    names prefixed ``=``, ``progress_ms`` stays); None, the worker does not know the stored
+    value (names prefixed ``~``: the script compares before it moves ``progress_ms``)."""
+    sent_done = bool(present) and present[0] == 0
+    mark = "" if done_moved or not sent_done else "~" if done_moved is None else "="
+    names = mark + "".join([BEAT_DIGITS[i] for i in present])
     segment: list[Any] = [0, *head, seq, landed, names + "+" if event else names, *values]
     if event:
         segment += event
@@ -356,7 +362,14 @@ def acquire(
 ) -> Call[AcquireReply]:
     """Take the lease (``acquire.lua``): ``total`` and ``meta`` encoded (``""``: none),
     ``details`` the start entry's JSON, ``latest`` the latest start in server ms (``""``: no
-    limit)."""
+    limit). ``token`` is the first field of ``alive``'s value (``<token>:<fence>``), so it
+    must be non-empty and hold no ``:``.
+
+    Raises:
+        ValueError: a token that would not split back out of ``alive``'s value.
+    """
+    if not isinstance(token, str) or not token or ":" in token:
+        raise ValueError(f"an owner token is a non-empty str without ':', got {token!r}")
     args = (token, ttl_ms, maxlen, worker, total, meta, details, kind, latest)
     return Call(SCRIPTS.acquire, keys, args, _decode_acquire)
 

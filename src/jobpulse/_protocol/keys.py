@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from ..errors import InvalidJobId
 
-__all__ = ["JobKeys", "KeySchema", "check_job_id", "check_namespace"]
+__all__ = ["AliveValue", "JobKeys", "KeySchema", "alive_value", "check_job_id", "check_namespace"]
 
 _JOB_ID = re.compile(r"[A-Za-z0-9._\-:/]{1,200}")
 _NAMESPACE = re.compile(r"[A-Za-z0-9._\-]{1,64}")
@@ -39,16 +39,52 @@ def check_namespace(namespace: object) -> str:
 
 @dataclass(frozen=True, slots=True)
 class JobKeys:
-    """The keys of one job, in the order every per-job script takes them as KEYS[1..5]."""
+    """The keys of one job, in the order every per-job script takes them as KEYS[1..4].
+
+    ``alive`` is the liveness key and the lease in one (docs/protocol.md): a String whose value
+    is :func:`alive_value` (the owner, the snapshot's seq and cancel flag), ``PX ttl``; its
+    absence while the snapshot says RUNNING means STALE.
+    """
 
     state: str
     events: str
-    lease: str
     alive: str
     fence: str
 
-    def all(self) -> tuple[str, str, str, str, str]:
-        return (self.state, self.events, self.lease, self.alive, self.fence)
+    def all(self) -> tuple[str, str, str, str]:
+        return (self.state, self.events, self.alive, self.fence)
+
+
+@dataclass(frozen=True, slots=True)
+class AliveValue:
+    """The value of a job's ``alive`` key, read back (:meth:`parse`): the lease owner's token
+    and fence, the snapshot's ``seq`` and its cancel flag (docs/protocol.md)."""
+
+    token: str
+    fence: int
+    seq: int
+    cancel: bool = False
+
+    @classmethod
+    def parse(cls, value: bytes | str) -> AliveValue:
+        """Split ``<token>:<fence>:<seq>:<cancel>`` (later fields, if any, are ignored).
+
+        Raises:
+            ValueError: the value does not have that layout.
+        """
+        raw = value.decode() if isinstance(value, bytes) else value
+        parts = raw.split(":")
+        ok = len(parts) >= 4 and parts[0] and parts[1].isdigit() and parts[2].isdigit()
+        if not ok or parts[3] not in ("0", "1"):
+            raise ValueError(f"not a jobpulse alive value: {raw!r}")
+        return cls(parts[0], int(parts[1]), int(parts[2]), parts[3] == "1")
+
+
+def alive_value(token: str, fence: int, seq: int, cancel: bool = False) -> str:
+    """The ``alive`` key's value: ``<token>:<fence>:<seq>:<cancel>`` of the owner ``token``
+    holding ``fence``, the snapshot's ``seq`` and its cancel flag (``0`` or ``1``), as
+    ``acquire.lua``, ``beat.lua`` and ``cancel.lua`` write it."""
+    return f"{token}:{fence}:{seq}:{int(cancel)}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +108,7 @@ class KeySchema:
     def job(self, job_id: str) -> JobKeys:
         """The keys of ``job_id`` (validated)."""
         p = f"{self.namespace}:{{{check_job_id(job_id)}}}:"
-        return JobKeys(p + "state", p + "events", p + "lease", p + "alive", p + "fence")
+        return JobKeys(p + "state", p + "events", p + "alive", p + "fence")
 
     def state(self, job_id: str) -> str:
         return self.job(job_id).state

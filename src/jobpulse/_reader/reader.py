@@ -232,6 +232,8 @@ class StatusReader:
                 if self._fast:
                     replies = await exchange(self._redis, request.packed(), request.count)
                 else:  # a cluster (ASK followed on one connection) or one connection
+                    if self._cluster:  # the slot map, before asking it for the job's node
+                        await self._redis.initialize()  # (once: then a flag's check)
                     commands, options = request.commands(self._redis, cluster=self._cluster)
                     replies = await pipelined(self._redis, commands, options)
         except UnicodeDecodeError:  # a client with decode_responses, a foreign value

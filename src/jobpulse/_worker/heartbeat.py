@@ -271,7 +271,9 @@ def heartbeat(
             (indexing or the lease) and what may have been left (at most an indexed job that
             a sweeper marks LOST).
             A late acquire (after its index entry could be gone) starts nothing and says so.
-        LeaseLost: (on exit) the lease was lost; the job was stopped.
+        LeaseLost: (on exit) the lease was lost; the job was stopped. With ``sidecar=True``
+            also on enter, cause ``SIDECAR_DIED``: the helper process died while the job
+            started (a job it did start goes stale and a sweeper marks it LOST).
         JobCancelled: (on exit) the job was cancelled on request.
     """
     spec = HeartbeatSpec(**options)

@@ -333,7 +333,13 @@ class BeatMachine(Generic[H]):
         sent = [values[i] for i in present]
         # a beat that resends everything repairs any loss: nothing to check (landed 0)
         landed = 0 if self._resend_static else self.landed
-        return calls.encode_beat(self.beat_head, self.seq, landed, present, sent, event, pairs)
+        # did the done sent move? unknown (None) while the snapshot's is unknown (the first
+        # beat, after a failure or a resend): beat.lua then compares with the stored one
+        known = self._known[0]
+        moved = None if known is None else values[0] != known
+        return calls.encode_beat(
+            self.beat_head, self.seq, landed, present, sent, event, pairs, moved
+        )
 
     def index_due(self) -> bool:
         """The running-index entry is refreshed with this beat (every ``index_every`` beats,

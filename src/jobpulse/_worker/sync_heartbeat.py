@@ -201,7 +201,9 @@ def heartbeat(
         InvalidJobId: the job id or namespace is invalid (before any Redis command).
         ValueError, TypeError: an option is out of range (before any Redis command).
         JobBusy: another live worker holds the job.
-        LeaseLost: (on exit) the lease was lost.
+        LeaseLost: (on exit) the lease was lost. With ``sidecar=True`` also on enter, cause
+            ``SIDECAR_DIED``: the helper process died while the job started (a job it did
+            start goes stale and a sweeper marks it LOST).
         JobCancelled: (on exit) the job was cancelled on request and the body ended normally.
     """
     spec = HeartbeatSpec(**options)

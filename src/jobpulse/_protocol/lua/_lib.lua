@@ -4,9 +4,15 @@
 
   Scripts that check the lease (beat, finish) include _owner before it.
 
-  Every per-job script takes the same five keys:
-    KEYS[1] state hash    KEYS[2] events stream    KEYS[3] lease string
-    KEYS[4] alive string  KEYS[5] fence counter
+  Every per-job script takes the same four keys:
+    KEYS[1] state hash    KEYS[2] events stream    KEYS[3] alive string    KEYS[4] fence counter
+
+  `alive` is the liveness key and the lease in one: its value is
+  "<token>:<fence>:<seq>:<cancel>" (keys.py alive_value; docs/protocol.md), PX ttl: the owner,
+  the snapshot's seq and its cancel flag (0 or 1), written by the scripts that write those
+  (acquire, beat, cancel), so the beat's regular path reads them without the snapshot. Its
+  absence while the snapshot says RUNNING means STALE; a value whose "<token>:<fence>:" is not
+  the caller's means another owner holds the job.
 ]]
 
 -- The dynamic snapshot fields, in the positional order the worker sends them.
@@ -33,13 +39,13 @@ end
   clock, and a run adds one per attempt). So a job id's writes are ordered by (fence, seq) over
   its whole life. Sets the counter and returns the fence. ]]
 local function next_fence(snapshot_fence)
-  local stored = tonumber(redis.call('GET', KEYS[5]))
+  local stored = tonumber(redis.call('GET', KEYS[4]))
   local snap = tonumber(snapshot_fence)
   local fence = math.max(stored or 0, snap or 0) + 1
   if not stored and not snap then
     fence = math.max(fence, now_us())
   end
-  redis.call('SET', KEYS[5], fence)
+  redis.call('SET', KEYS[4], fence)
   return fence
 end
 

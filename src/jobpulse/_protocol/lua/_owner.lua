@@ -1,32 +1,46 @@
 --[[ _owner.lua — the lease owner check, prepended (by scripts.py) to the scripts that write as
   the lease holder (beat, finish). Kept apart from _lib.lua so that the beat, which runs most
   often, assembles only what it calls. Keys as in _lib.lua, from KEYS[k + 1] (k: 0 for the
-  scripts of one job; 5 * j for the job j of a batch of beats): k + 1 state, k + 3 lease,
-  k + 5 fence.
+  scripts of one job; 4 * j for the job j of a batch of beats): k + 1 state, k + 3 alive,
+  k + 4 fence. The lease is `alive` itself: its value is "<token>:<fence>:<seq>:<cancel>"
+  (see _lib.lua); the caller writes it.
 ]]
 
---[[ Is (token, fence) still the owner of the job? Renews the lease when it is.
-  Returns  1  lease held by us, renewed
-           2  lease had expired (or Redis lost it) and nobody claimed the job: re-taken
+--[[ alive's value, read with GETEX (no option: it changes nothing, and costs what GET does).
+  GETEX is a write command that is not deny-oom, so it marks the script as one that has
+  written: a server at `maxmemory` with `noeviction` refuses a deny-oom command (HSET, SET,
+  XADD) only as a flag-less script's first write (Redis 6.2+, Valkey), so the beat and the
+  final write still land while Redis is full (docs/reliability.md), as they did when the
+  lease's PEXPIRE came first. ]]
+local function owned_read(k)
+  return redis.call('GETEX', KEYS[k + 3])
+end
+
+--[[ Is (token, fence) still the owner of the job? `fence_text` is the decimal the worker sent
+  (a fence can be above 1e14, which Lua's `..` of a number would write in exponent form);
+  `held`: alive's value when the caller read it already (else nil: read here). Writes nothing
+  but a missing fence counter (re-created on a re-take); the caller renews or re-writes alive.
+  Returns  1  alive holds our token and fence
+           2  alive had expired (or Redis lost it) and nobody claimed the job: the caller
+              re-takes it
            3  as 2, and the snapshot is gone too (a restart lost the data): resend static fields
-          -1  the lease holds another owner's token (taken over)
+          -1  alive holds another owner's value (taken over)
           -2  the fence moved past ours, or the job already ended (fenced out)
 ]]
-local function owner(token, fence, ttl_ms, k)
-  local holder = redis.call('GET', KEYS[k + 3])
-  if holder == token then
-    -- Nobody can move the fence while our lease exists: acquire and claim both require the
-    -- lease to be gone. So the fast path (every beat) skips reading the fence.
-    redis.call('PEXPIRE', KEYS[k + 3], ttl_ms)
-    return 1
+local function owner(token, fence_text, k, held)
+  if held == nil then held = owned_read(k) end
+  if held then
+    local prefix = token .. ':' .. fence_text .. ':'
+    -- Nobody can move the fence while our alive key exists: acquire and claim both require it
+    -- to be gone. So an owner that finds its own value skips reading the fence.
+    if string.sub(held, 1, #prefix) == prefix then return 1 end
+    return -1
   end
-  if holder then return -1 end
-  local current = redis.call('GET', KEYS[k + 5])
-  if current and tonumber(current) ~= fence then return -2 end
+  local current = redis.call('GET', KEYS[k + 4])
+  if current and tonumber(current) ~= tonumber(fence_text) then return -2 end
   local status = redis.call('HGET', KEYS[k + 1], 'status')
   if status and status ~= 'RUNNING' then return -2 end
-  redis.call('SET', KEYS[k + 3], token, 'PX', ttl_ms)
-  if not current then redis.call('SET', KEYS[k + 5], fence) end
+  if not current then redis.call('SET', KEYS[k + 4], fence_text) end
   if status then return 2 end
   return 3
 end

@@ -1,7 +1,7 @@
 --! include: _lib
 --[[ ack.lua — acknowledge a claim: its StaleJob was handled, stop delivering it.
 
-  KEYS[1..5] state, events, lease, alive, fence (see _lib.lua)
+  KEYS[1..4] state, events, alive, fence (see _lib.lua)
   ARGV[1] the claim's fence (StaleJob.fence)
 
   Clears the unacknowledged-claim marker claim.lua wrote (`claim`, `claim_due_ms`,

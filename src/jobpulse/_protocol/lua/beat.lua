@@ -3,7 +3,7 @@
   liveness and (sometimes) a checkpoint entry. Every job is checked on its own (owner, fence,
   seq) and answered on its own; the server time is read once for the whole batch.
 
-  KEYS  5 per job: job j (0-based) has KEYS[5j+1 .. 5j+5] = state, events, lease, alive, fence
+  KEYS  4 per job: job j (0-based) has KEYS[4j+1 .. 4j+4] = state, events, alive, fence
         (see _lib.lua); all in one hash slot on a cluster (a batch there is one job, or jobs
         whose ids share a slot)
   ARGV  one segment per job, in the order of the keys:
@@ -15,9 +15,14 @@
     names  which dynamic fields follow: a string of digits 1-8 naming, in order, the fields
            of FIELDS below whose values come next (the worker sends only the fields that
            differ from what it knows the snapshot holds: all of them after a data loss); a
-           trailing '+' means a stream entry: three more arguments follow the values, event
-           kind, details JSON or '', stream MAXLEN (the worker sends done, total and stage
-           with an entry)
+           leading '~' means `done` is sent but may equal the stored value (the worker does
+           not know what the snapshot holds: after its acquire, a failed beat, a resend), so
+           progress_ms moves only if it differs; a leading '=' means `done` is sent unchanged
+           (a beat with an entry sends it), so progress_ms stays; with neither a `done` sent
+           is a `done` that moved (the slow path compares with the stored value in every
+           case); a trailing '+' means a stream entry: three more arguments follow the values,
+           event kind, details JSON or '', stream MAXLEN (the worker sends done, total and
+           stage with an entry)
     values ...
     then optional field, value pairs (static fields, resent after a data loss; the checkpoint)
 
@@ -38,54 +43,92 @@
           -1 taken over; -2 fenced out (nothing written in either case)
     cancel 1 when a cancel was requested for the job
 
-  Calls per job on the regular path: GET + PEXPIRE (lease), SET (alive), HMGET, HSET; TIME
-  once per call, first. The data-loss check costs no call: it compares the seq HMGET reads.
+  `alive` carries the snapshot's seq and the cancel flag ("<token>:<fence>:<seq>:<cancel>",
+  written by the same scripts that write the snapshot's seq and cancel, so a restart or a
+  failover restores the two together). The regular path (alive holds our token and fence,
+  landed > 0) reads them there: GETEX alive (a GET that counts as a write: see _owner.lua),
+  one HSET, SET alive (the new seq, PX ttl); TIME once per call, first. The slow path (alive missing: a re-take; landed 0: a full resend) reads
+  the snapshot's seq, cancel and done with one HMGET, as the check against them.
 ]]
 local FIELDS = {'done', 'total', 'stage', 'rate', 'eta_s', 'rss_bytes', 'cpu_s', 'loop_lag_ms'}
 local now = now_ms()
 
 -- The beat of the job whose keys start after KEYS[k] and whose segment is ARGV[a .. last].
 local function beat(k, a, last)
-  local fence = tonumber(ARGV[a + 1])
-  local ttl = tonumber(ARGV[a + 2])
+  local fence = ARGV[a + 1]
+  local ttl = ARGV[a + 2]
   local seq = tonumber(ARGV[a + 3])
   local landed = tonumber(ARGV[a + 4])
-  local code = owner(ARGV[a], fence, ttl, k)
+  local held = owned_read(k)
+  local code = owner(ARGV[a], fence, k, held or false)
   if code < 0 then return code end
 
-  redis.call('SET', KEYS[k + 4], ARGV[a + 1], 'PX', ttl)
-  local h = redis.call('HMGET', KEYS[k + 1], 'seq', 'cancel', 'done')
-  local current = tonumber(h[1]) or 0
-  local cancel = 0
-  if h[2] == '1' then cancel = 1 end
-  if seq < current then return {0, cancel, now, current} end
+  local prefix = ARGV[a] .. ':' .. fence .. ':'
+  local current, cancel, stored_done
+  if code == 1 and landed > 0 then -- the regular path: seq and cancel from alive
+    local s, c = string.match(held, '^(%d+):([01])$', #prefix + 1)
+    current, cancel = tonumber(s), tonumber(c)
+  end
+  local fast = current ~= nil
+  if not fast then -- a re-take, a full resend: check against the snapshot
+    local h = redis.call('HMGET', KEYS[k + 1], 'seq', 'cancel', 'done')
+    current = tonumber(h[1]) or 0
+    cancel = 0
+    if h[2] == '1' then cancel = 1 end
+    stored_done = h[3]
+  end
+
+  local function renew(at) -- alive: our token and fence, the snapshot's seq, cancel; PX ttl
+    redis.call('SET', KEYS[k + 3], prefix .. at .. ':' .. cancel, 'PX', ttl)
+  end
+  if seq < current then
+    renew(current)
+    return {0, cancel, now, current}
+  end
   if current < landed then
     -- writes the worker saw land are gone: write nothing of this beat (so its replay finds
     -- the same snapshot and answers the same), keep the job RUNNING and claimable
-    redis.call('HSET', KEYS[k + 1], 'status', 'RUNNING', 'fence', ARGV[a + 1])
+    redis.call('HSET', KEYS[k + 1], 'status', 'RUNNING', 'fence', fence)
+    renew(current)
     return now * 8 + 6 + cancel
   end
   -- Replay-safe: only this lease's owner writes seq while it holds the lease, so an equal seq
   -- is this very beat run again (a client retry after a lost reply): answer as the first run.
-  if seq == current then return now * 8 + 2 + cancel end
+  if seq == current then
+    renew(current)
+    return now * 8 + 2 + cancel
+  end
 
   -- One HSET: seq, the time, the fields sent, progress_ms when done moved, what a re-take
   -- restores, and the pairs after the values.
   local args = {'seq', ARGV[a + 3], 'heartbeat_ms', now}
   local names = ARGV[a + 5]
   local n = #names
+  local first = 1
+  local mark = string.byte(names, 1)
+  local compare = mark == 126 -- '~': done may equal the stored value
+  local still = mark == 61 -- '=': done is sent unchanged
+  if compare or still then first = 2 end
   local event = string.byte(names, n) == 43 -- '+'
   if event then n = n - 1 end
   local at = a + 6
   local done, total, stage
-  for i = 1, n do
+  for i = first, n do
     local field = FIELDS[string.byte(names, i) - 48]
     local value = ARGV[at]
     args[#args + 1] = field
     args[#args + 1] = value
     if field == 'done' then
       done = value
-      if value ~= h[3] then
+      local moved
+      if not fast then
+        moved = value ~= stored_done
+      elseif compare then
+        moved = value ~= redis.call('HGET', KEYS[k + 1], 'done')
+      else
+        moved = not still
+      end
+      if moved then
         args[#args + 1] = 'progress_ms'
         args[#args + 1] = now
       end
@@ -102,10 +145,11 @@ local function beat(k, a, last)
     args[#args + 1] = 'status'
     args[#args + 1] = 'RUNNING'
     args[#args + 1] = 'fence'
-    args[#args + 1] = ARGV[a + 1]
+    args[#args + 1] = fence
   end
   for i = first_pair, last do args[#args + 1] = ARGV[i] end
   redis.call('HSET', KEYS[k + 1], unpack(args))
+  renew(ARGV[a + 3]) -- after the HSET: a failed HSET leaves alive's seq as it was
   if event then
     -- (the worker sends done, total and stage with an entry; read back any it did not)
     if not (done and total and stage) then
@@ -113,7 +157,7 @@ local function beat(k, a, last)
       done, total, stage = done or back[1] or '', total or back[2] or '', stage or back[3] or ''
     end
     local entry = {'kind', ARGV[at], 'status', 'RUNNING', 'stage', stage, 'done', done,
-                   'total', total, 'seq', ARGV[a + 3], 'fence', ARGV[a + 1], 'ts_ms', now}
+                   'total', total, 'seq', ARGV[a + 3], 'fence', fence, 'ts_ms', now}
     if ARGV[at + 1] ~= '' then
       entry[#entry + 1] = 'details'
       entry[#entry + 1] = ARGV[at + 1]
@@ -126,9 +170,9 @@ end
 
 local out = {}
 local a = 1
-for j = 0, #KEYS / 5 - 1 do
+for j = 0, #KEYS / 4 - 1 do
   local n = tonumber(ARGV[a])
-  local ok, reply = pcall(beat, 5 * j, a + 1, a + n)
+  local ok, reply = pcall(beat, 4 * j, a + 1, a + n)
   if ok then
     out[j + 1] = reply
   else -- a failed command of this job (its earlier writes stay: the worker resends them)

@@ -1,13 +1,13 @@
 --! include: _clock _lib
 --[[ claim.lua — a sweeper claims a stale job, atomically, exactly once; delivered until acked.
 
-  KEYS[1..5] state, events, lease, alive, fence (see _lib.lua)
+  KEYS[1..4] state, events, alive, fence (see _lib.lua)
   ARGV[1] stream MAXLEN   ARGV[2] retention ms   ARGV[3] error text for the LOST snapshot
   ARGV[4] redelivery delay ms (default 60000)
   ARGV[5] the caller's claim token, unique per sweep call (default '')
 
-  A job is stale when its snapshot says RUNNING and both the liveness and the lease keys are
-  gone. The claim bumps the fence (the old worker's writes are refused from now on), writes
+  A job is stale when its snapshot says RUNNING and its `alive` key (liveness and lease in
+  one) is gone. The claim bumps the fence (the old worker's writes are refused from now on), writes
   status LOST, the unacknowledged-claim marker (`claim` = the claim's fence, `claim_due_ms` =
   when it may be delivered again, `claim_token` = ARGV[5]) and a `stale` stream entry, and
   gives the snapshot the retention TTL so that a new attempt can still resume from its last
@@ -22,12 +22,12 @@
                    and finished_ms '' (fence and seq are the claim's).
           {0} the job is not RUNNING (ended, acknowledged, unknown or expired): drop it from
                    the index,
-          {-1, ms} not claimable for ms more: the job is alive (ms: the longer of the liveness
-                   and lease PTTLs, 0 for a key without a TTL, the earliest moment it could
+          {-1, ms} not claimable for ms more: the job is alive (ms: the PTTL of `alive`, 0 for
+                   a key without a TTL, the earliest moment it could
                    become stale), or its claim waits for its redelivery time. The sweeper
                    re-scores the entry.
 
-  Atomicity is the exactly-once argument: the check (RUNNING, no alive, no lease) and the
+  Atomicity is the exactly-once argument: the check (RUNNING, no alive) and the
   change to LOST happen in one script, so of any number of concurrent claims of one attempt
   exactly one makes the claim (bumps the fence) and gets it; the others are told to come back
   at claim_due_ms. Only a new acquire (a new attempt, with a new fence, which also clears the
@@ -58,9 +58,8 @@ if h[1] == 'LOST' and h[4] then
   return reply
 end
 if h[1] ~= 'RUNNING' then return {0} end
-local alive_ms = redis.call('PTTL', KEYS[4])
-local lease_ms = redis.call('PTTL', KEYS[3])
-if alive_ms ~= -2 or lease_ms ~= -2 then return {-1, math.max(alive_ms, lease_ms, 0)} end
+local alive_ms = redis.call('PTTL', KEYS[3])
+if alive_ms ~= -2 then return {-1, math.max(alive_ms, 0)} end
 
 local before = redis.call('HGETALL', KEYS[1])
 local fence = next_fence(h[3])
@@ -73,7 +72,7 @@ add_event(ARGV[1], 'stale', '', now)
 local retention = tonumber(ARGV[2])
 redis.call('PEXPIRE', KEYS[1], retention)
 redis.call('PEXPIRE', KEYS[2], retention)
-redis.call('PEXPIRE', KEYS[5], retention)
+redis.call('PEXPIRE', KEYS[4], retention)
 local reply = {1, fence, now}
 for i = 1, #before do reply[#reply + 1] = before[i] end
 return reply

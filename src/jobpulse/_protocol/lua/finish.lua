@@ -1,8 +1,8 @@
 --! include: _clock _owner _lib
 --[[ finish.lua — the final write and the release, owner-checked, written once.
 
-  KEYS[1..5] state, events, lease, alive, fence (see _lib.lua)
-  ARGV[1] owner token   ARGV[2] fence   ARGV[3] ttl ms   ARGV[4] seq
+  KEYS[1..4] state, events, alive, fence (see _lib.lua)
+  ARGV[1] owner token   ARGV[2] fence   ARGV[3] ttl ms (unused: alive is deleted)   ARGV[4] seq
   ARGV[5] final status (COMPLETED, FAILED, CANCELLED or LOST)   ARGV[6] error text or ''
   ARGV[7] stream MAXLEN   ARGV[8] retention ms   ARGV[9] end details JSON or ''
   ARGV[10..17] done total stage rate eta_s rss_bytes cpu_s loop_lag_ms (positional)
@@ -45,10 +45,10 @@ end
 -- Idempotent: a retry after an ambiguous failure (the reply was lost) finds the job ended under
 -- our own fence — only the fence holder writes a terminal state — and answers "already ended";
 -- if a new attempt started since (the job had ended, so nothing held it back), the snapshot
--- and the lease are the new attempt's, and our `end` entry in the stream says we wrote it.
+-- and `alive` are the new attempt's, and our `end` entry in the stream says we wrote it.
 local ended = redis.call('HMGET', KEYS[1], 'status', 'fence')
 if ended[1] and ended[1] ~= 'RUNNING' and tonumber(ended[2]) == fence then return {0, 0} end
-local code = owner(ARGV[1], fence, tonumber(ARGV[3]), 0)
+local code = owner(ARGV[1], ARGV[2], 0)
 if code < 0 then
   if tonumber(ended[2]) and tonumber(ended[2]) > fence and ended_by_us() then return {0, 0} end
   return {code, 0}
@@ -65,9 +65,9 @@ for i = 18, #ARGV do args[#args + 1] = ARGV[i] end
 redis.call('HSET', KEYS[1], unpack(args))
 redis.call('HDEL', KEYS[1], 'cancel')
 add_event(ARGV[7], 'end', ARGV[9], now)
-redis.call('DEL', KEYS[3], KEYS[4])
+redis.call('DEL', KEYS[3])
 local retention = tonumber(ARGV[8])
 redis.call('PEXPIRE', KEYS[1], retention)
 redis.call('PEXPIRE', KEYS[2], retention)
-redis.call('PEXPIRE', KEYS[5], retention)
+redis.call('PEXPIRE', KEYS[4], retention)
 return {1, now}

@@ -203,7 +203,10 @@ class SidecarJob:
     def _start_failed(self, exc: BaseException) -> BaseException:
         self._forget()
         if isinstance(exc, HelperDied):
-            return RuntimeError(f"job {self.job_id!r} not started: {exc}")
+            # as for a death mid-job: the helper may have taken the lease before it died (STALE
+            # within ttl, a sweeper records LOST); the process's next job starts a new helper
+            self._lost = LeaseLostCause.SIDECAR_DIED
+            return LeaseLost(self.job_id, LeaseLostCause.SIDECAR_DIED)
         return exc
 
     def _checkpoint(self, details: dict[str, Any]) -> concurrent.futures.Future[Any]:
