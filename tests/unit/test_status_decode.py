@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 from redis.exceptions import ConnectionError as RedisConnectionError
 
@@ -43,6 +45,24 @@ def test_running_snapshot_decodes_every_field() -> None:
     assert s.finished_ms is None
     assert s.error is None
     assert s.as_dict()["state"] == "RUNNING"
+
+
+def test_decoded_status_is_the_frozen_dataclass_a_keyword_build_gives() -> None:
+    """The decoder sets the slots directly (no keyword ``__init__``): the result is still a
+    frozen ``JobStatus``, equal to the one ``JobStatus(...)`` builds from the same values."""
+    s = decode_snapshot("j", {**RUNNING, "cancel": "1", "kind": "etl"}, 4000, NOW)
+    expected = JobStatus(
+        job_id="j", state=JobState.RUNNING, stage="load", done=25, total=100, percent=25.0,
+        rate=12.5, eta=6.0, rss_bytes=1048576, cpu_seconds=1.25, loop_lag=0.0025, seq=7,
+        fence=3, attempt=2, worker="host:1", heartbeat_age=1.0, progress_age=6.0, error=None,
+        meta={"user": "ada"}, kind="etl", started_ms=1700000000000,
+        heartbeat_ms=1700000009000, progress_ms=1700000004000, finished_ms=None,
+        cancel_requested=True, server_ms=NOW,
+    )  # fmt: skip
+    assert s == expected
+    assert repr(s) == repr(expected)
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        s.done = 1  # type: ignore[misc]
 
 
 def test_running_without_liveness_key_is_stale() -> None:

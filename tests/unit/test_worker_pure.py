@@ -169,3 +169,28 @@ def test_copies_beyond_the_lanes_keep_every_count() -> None:
         assert cell.done == 1503 + 2 * (LANES - 1) + 1 + 5
     finally:
         cell._unlink()
+
+
+def test_sampler_lists_child_processes_every_children_every_seconds_and_measures_them() -> None:
+    """Listing children reads every process's /proc entry: a sample reuses the list until
+    ``children_every`` passed (a new pool child counts from the next listing)."""
+    import subprocess
+    import sys
+
+    from jobpulse._worker.sampling import ProcessSampler
+
+    now = [0.0]
+    sampler = ProcessSampler(lambda: now[0], max_age=0.5, children_every=5.0)
+    alone = sampler.sample()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        now[0] = 1.0
+        sampler.sample()
+        assert child.pid not in sampler._children  # listed at 0 s: not yet looked again
+        now[0] = 5.0
+        with_child = sampler.sample()
+        assert child.pid in sampler._children
+        assert with_child.rss_bytes > alone.rss_bytes  # the child's memory counts
+    finally:
+        child.kill()
+        child.wait()

@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Generic, Protocol, TypeVar
+from typing import Any, Generic, NamedTuple, Protocol, TypeVar
 
 from .clock import clock_of
 from .cluster import execute, is_async_cluster
@@ -116,22 +116,30 @@ class AcquireReply:
     started_ms: int = 0
 
 
-@dataclass(frozen=True, slots=True)
-class BeatReply:
+class BeatReply(NamedTuple):
+    """One job's answer to a beat (a named tuple: one is decoded per beat, and a frozen
+    dataclass costs several times more to build)."""
+
     code: BeatCode
     cancel: bool
     now_ms: int  # 0 when refused (the script answers before reading the clock)
     snapshot_seq: int
 
 
+_BEAT_CODES = {code.value: code for code in BeatCode}
+"""Each reply code's member by value: a dict lookup, not an enum call, per beat."""
+
+
 def decode_beat(reply: Any) -> BeatReply:
     """One job's answer in ``beat.lua``'s reply: one integer (``now_ms * 8 + code * 2 +
     cancel``, or a negative code), or ``{0, cancel, now_ms, snapshot_seq}`` when the snapshot
     holds a newer seq."""
-    if isinstance(reply, int):
+    if reply.__class__ is int:
         if reply < 0:
             return BeatReply(BeatCode(reply), False, 0, 0)
-        return BeatReply(BeatCode((reply >> 1) & 3), reply & 1 == 1, reply >> 3, 0)
+        return BeatReply(_BEAT_CODES[(reply >> 1) & 3], reply & 1 == 1, reply >> 3, 0)
+    if isinstance(reply, int):  # an int subclass: the general path
+        return decode_beat(int(reply))
     code, cancel, now_ms, snapshot_seq = (int(x) for x in reply[:4])
     return BeatReply(BeatCode(code), cancel == 1, now_ms, snapshot_seq)
 

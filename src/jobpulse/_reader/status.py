@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import enum
 import math
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 from typing import Any
 
 import orjson
 
-from .._protocol.codec import SNAPSHOT_FIELDS, STATUSES, TERMINAL_STATUSES, load_json, to_text
+from .._protocol.codec import SNAPSHOT_FIELDS, STATUSES, TERMINAL_STATUSES, to_text
 from ..errors import ProtocolError
 
 __all__ = [
@@ -40,12 +40,6 @@ ALL_FIELDS: tuple[str, ...] = (*SNAPSHOT_FIELDS, "cancel")
 
 VERDICT_FIELDS: tuple[str, ...] = ("status", "seq", "fence", "heartbeat_ms", "progress_ms")
 """Fetched on every read, whatever fields were asked: the state, the ordering and the ages."""
-
-_INT_FIELDS = frozenset(
-    {"done", "total", "rss_bytes", "seq", "fence", "attempt", "started_ms", "heartbeat_ms",
-     "progress_ms", "finished_ms"}
-)  # fmt: skip
-_FLOAT_FIELDS = frozenset({"rate", "eta_s", "cpu_s", "loop_lag_ms"})
 
 RawSnapshot = Mapping[str, str | None]
 """The text of the fetched fields (``None`` when absent); fields not fetched are missing."""
@@ -210,8 +204,11 @@ def decode_values(
     """
     if len(values) != len(names):
         raise ProtocolError(f"job {job_id!r}: HMGET gave {len(values)} values for {len(names)}")
-    try:
-        return {name: to_text(value) for name, value in zip(names, values, strict=True)}
+    try:  # bytes (redis-py without decode_responses) inline; "" is absent, as in to_text
+        return {
+            name: (value.decode() or None) if value.__class__ is bytes else to_text(value)
+            for name, value in zip(names, values, strict=True)
+        }
     except UnicodeDecodeError as exc:
         raise ProtocolError(f"job {job_id!r}: a snapshot value is not UTF-8 ({exc})") from None
 
@@ -267,7 +264,9 @@ def state_of(status: str, alive_pttl: int) -> JobState | None:
 
 
 def decode_snapshot(job_id: str, raw: RawSnapshot, alive_pttl: int, server_ms: int) -> JobStatus:
-    """Build the :class:`JobStatus` of one read.
+    """Build the :class:`JobStatus` of one read: one straight pass over the fields (no
+    per-field dispatch), then :func:`_new_status`. Every check happens here, before the
+    status exists: a corrupt snapshot raises from ``get()`` itself.
 
     Args:
         job_id: the job.
@@ -282,58 +281,142 @@ def decode_snapshot(job_id: str, raw: RawSnapshot, alive_pttl: int, server_ms: i
         ProtocolError: a status outside the protocol, a non-numeric number field, or a ``meta``
             that is not JSON.
     """
-    status = raw.get("status")
+    get = raw.get
+    status = get("status")
     if status is None:
         return JobStatus(job_id=job_id, state=JobState.UNKNOWN, server_ms=server_ms)
-    state = state_of(status, alive_pttl)
+    state = _STATES.get(status)
     if state is None:
         raise ProtocolError(f"job {job_id!r}: snapshot status {status!r} is not a jobpulse status")
-    ints: dict[str, int | None] = {}
-    for name in _INT_FIELDS:
-        text = raw.get(name)
-        if text is None:
-            ints[name] = None
-        elif text.isascii() and text.isdigit():  # the common case, without a try per field
-            ints[name] = int(text)
-        else:
-            ints[name] = _int(job_id, raw, name)
-    floats = {name: _float(job_id, raw, name) for name in _FLOAT_FIELDS}
+    if state is JobState.RUNNING and alive_pttl == -2:
+        state = JobState.STALE
+    # integers: the common case (ASCII digits) without a try per field; else _int decides
+    t = get("done")
+    done = (
+        None if t is None else int(t) if t.isdigit() and t.isascii() else _int(job_id, raw, "done")
+    )
+    t = get("total")
+    total = (
+        None if t is None else int(t) if t.isdigit() and t.isascii() else _int(job_id, raw, "total")
+    )
+    t = get("rss_bytes")
+    rss = (
+        None
+        if t is None
+        else int(t)
+        if t.isdigit() and t.isascii()
+        else _int(job_id, raw, "rss_bytes")
+    )
+    t = get("seq")
+    seq = None if t is None else int(t) if t.isdigit() and t.isascii() else _int(job_id, raw, "seq")
+    t = get("fence")
+    fence = (
+        None if t is None else int(t) if t.isdigit() and t.isascii() else _int(job_id, raw, "fence")
+    )
+    t = get("attempt")
+    attempt = (
+        None
+        if t is None
+        else int(t)
+        if t.isdigit() and t.isascii()
+        else _int(job_id, raw, "attempt")
+    )
+    t = get("started_ms")
+    started = (
+        None
+        if t is None
+        else int(t)
+        if t.isdigit() and t.isascii()
+        else _int(job_id, raw, "started_ms")
+    )
+    t = get("heartbeat_ms")
+    beat_ms = (
+        None
+        if t is None
+        else int(t)
+        if t.isdigit() and t.isascii()
+        else _int(job_id, raw, "heartbeat_ms")
+    )
+    t = get("progress_ms")
+    progress = (
+        None
+        if t is None
+        else int(t)
+        if t.isdigit() and t.isascii()
+        else _int(job_id, raw, "progress_ms")
+    )
+    t = get("finished_ms")
+    finished = (
+        None
+        if t is None
+        else int(t)
+        if t.isdigit() and t.isascii()
+        else _int(job_id, raw, "finished_ms")
+    )
+    rate = None if get("rate") is None else _float(job_id, raw, "rate")
+    eta = None if get("eta_s") is None else _float(job_id, raw, "eta_s")
+    cpu = None if get("cpu_s") is None else _float(job_id, raw, "cpu_s")
+    lag = None if get("loop_lag_ms") is None else _float(job_id, raw, "loop_lag_ms")
+    t = get("meta")
     try:
-        meta = load_json(raw.get("meta"))
+        meta = orjson.loads(t) if t else None
     except orjson.JSONDecodeError:
         raise ProtocolError(f"job {job_id!r}: snapshot field meta is not JSON") from None
-    done, total = ints["done"], ints["total"]
     percent = None
     if done is not None and total is not None and total > 0:
         # Two decimals, rounded down: 733 / 1500 is 48.86, not 48.86666666666667, and only
         # done >= total reads 100.
         percent = min(math.floor(10_000 * done / total) / 100, 100.0)
-    lag = floats["loop_lag_ms"]
-    return JobStatus(
-        job_id=job_id,
-        state=state,
-        stage=raw.get("stage"),
-        done=done,
-        total=total,
-        percent=percent,
-        rate=floats["rate"],
-        eta=floats["eta_s"],
-        rss_bytes=ints["rss_bytes"],
-        cpu_seconds=floats["cpu_s"],
-        loop_lag=None if lag is None else lag / 1000.0,
-        seq=ints["seq"],
-        fence=ints["fence"],
-        attempt=ints["attempt"],
-        worker=raw.get("worker"),
-        heartbeat_age=_age(server_ms, ints["heartbeat_ms"]),
-        progress_age=_age(server_ms, ints["progress_ms"]),
-        error=raw.get("error"),
-        meta=meta,
-        kind=raw.get("kind"),
-        started_ms=ints["started_ms"],
-        heartbeat_ms=ints["heartbeat_ms"],
-        progress_ms=ints["progress_ms"],
-        finished_ms=ints["finished_ms"],
-        cancel_requested=(raw.get("cancel") == "1") if "cancel" in raw else None,
-        server_ms=server_ms,
+    cancel = (get("cancel") == "1") if "cancel" in raw else None
+    return _new_status(
+        job_id,
+        state,
+        get("stage"),
+        done,
+        total,
+        percent,
+        rate,
+        eta,
+        rss,
+        cpu,
+        None if lag is None else lag / 1000.0,
+        seq,
+        fence,
+        attempt,
+        get("worker"),
+        None if beat_ms is None else max(server_ms - beat_ms, 0) / 1000.0,
+        None if progress is None else max(server_ms - progress, 0) / 1000.0,
+        get("error"),
+        meta,
+        get("kind"),
+        started,
+        beat_ms,
+        progress,
+        finished,
+        cancel,
+        server_ms,
     )
+
+
+_STATES = {status: JobState(status) for status in STATUSES}
+
+
+def _status_builder() -> Callable[..., JobStatus]:
+    """A constructor of :class:`JobStatus` taking every field positionally, in declaration
+    order, that sets the slots directly: the frozen dataclass's keyword ``__init__`` (one
+    ``object.__setattr__`` per field) is most of a read's decode otherwise. The instance is
+    the same frozen class, equal to one built by ``JobStatus(...)`` (a unit test checks)."""
+    names = [f.name for f in fields(JobStatus)]
+    source = (
+        f"def new_status({', '.join(names)}):\n    o = _new(_cls)\n"
+        + "".join(f"    _set_{n}(o, {n})\n" for n in names)
+        + "    return o\n"
+    )
+    scope: dict[str, Any] = {"_new": object.__new__, "_cls": JobStatus}
+    scope.update({f"_set_{n}": getattr(JobStatus, n).__set__ for n in names})
+    exec(source, scope)  # a fixed text, built from the dataclass's own field names
+    builder: Callable[..., JobStatus] = scope["new_status"]
+    return builder
+
+
+_new_status = _status_builder()

@@ -194,6 +194,8 @@ class BeatMachine(Generic[H]):
         self._resend_static = False
         self._last_event_beat = 0
         self._rate = RateWindow()
+        # done, its text, rate, its text, eta, its text (see ``_dynamic``)
+        self._memo: list[Any] = [-1, "", None, "", None, ""]
 
     # -- acquire ------------------------------------------------------------------------------
 
@@ -316,9 +318,8 @@ class BeatMachine(Generic[H]):
         values = self._dynamic(done, total, sample, lag, now)
         # only the fields that differ from what the snapshot is known to hold (an entry also
         # carries done, total and stage)
-        present = [
-            i for i, value, old in zip(_ALL, values, self._known, strict=True) if value != old
-        ]
+        held = self._known
+        present = [i for i in _ALL if values[i] != held[i]]
         if kind and present[:3] != [0, 1, 2]:
             present = sorted({0, 1, 2, *present})
         self._sent = (values, present, reused)
@@ -641,21 +642,22 @@ class BeatMachine(Generic[H]):
         now: float | None,
     ) -> list[str]:
         done = max(done, 0)
+        window = self._rate
         if now is not None:
-            self._rate.add(now, done)
-        rate = self._rate.rate()
-        eta = self._rate.eta(done, total, rate)
+            window.add(now, done)
+        rate = window.rate()
+        eta = window.eta(done, total, rate)
         rss, cpu, lag_ms = _shared_text(sample, lag)
-        return [
-            str(done),
-            fmt_int(total),
-            self.stage,
-            fmt_float(rate),
-            fmt_float(eta, 1),
-            rss,
-            cpu,
-            lag_ms,
-        ]
+        # the texts of the last beat's values, reused while a value repeats (an idle body's
+        # done, rate and eta stay put beat after beat): formatting is most of a beat's build
+        memo = self._memo
+        if done != memo[0]:
+            memo[0], memo[1] = done, str(done)
+        if rate != memo[2]:
+            memo[2], memo[3] = rate, fmt_float(rate)
+        if eta != memo[4]:
+            memo[4], memo[5] = eta, fmt_float(eta, 1)
+        return [memo[1], fmt_int(total), self.stage, memo[3], memo[5], rss, cpu, lag_ms]
 
     def _static_pairs(self) -> list[Any]:
         pairs: list[Any] = ["attempt", self.attempt, "worker", self.worker]

@@ -173,15 +173,20 @@ class BeatPlan(Generic[J]):
         return max(0.0, now - min((job.machine.due for job in jobs), default=now))
 
     def _live(self, job: J, when: float) -> bool:
-        live = self.jobs.get(id(job)) is job and self._planned.get(id(job)) == when
+        key = id(job)
+        live = self.jobs.get(key) is job and self._planned.get(key) == when
         return live and job.machine.ready
 
     def _move_due(self, now: float) -> None:
-        heap = self._heap
-        while heap and heap[0][0] - COALESCE * heap[0][2].machine.cfg.interval <= now:
-            when, order, job = heapq.heappop(heap)
+        heap, due, pop, push = self._heap, self._due, heapq.heappop, heapq.heappush
+        while heap:
+            when, order, job = heap[0]
+            machine = job.machine
+            if when - COALESCE * machine.cfg.interval > now:
+                return
+            pop(heap)
             if self._live(job, when):
-                heapq.heappush(self._due, (job.machine.lease.deadline, when, order, job))
+                push(due, (machine.lease.deadline, when, order, job))
 
     def _drop_stale(self) -> None:
         heap = self._due

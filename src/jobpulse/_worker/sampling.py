@@ -39,10 +39,20 @@ class ProcessSampler:
     """
 
     def __init__(
-        self, clock: Callable[[], float], max_age: float = 0.5, pid: int | None = None
+        self,
+        clock: Callable[[], float],
+        max_age: float = 0.5,
+        pid: int | None = None,
+        children_every: float = 5.0,
     ) -> None:
         self._clock = clock
         self._max_age = max_age
+        # Listing the children reads every process's /proc entry (psutil's ppid map): the
+        # costliest part of a sample by far on a busy host. The known children are measured at
+        # every sample; the list itself is refreshed this often (a new pool child counts
+        # within this many seconds).
+        self._children_every = children_every
+        self._children_at = float("-inf")
         self._pid = os.getpid() if pid is None else pid
         self._proc = psutil.Process(self._pid)
         self._children: dict[int, psutil.Process] = {}
@@ -64,13 +74,15 @@ class ProcessSampler:
         rss = 0
         cpu = 0.0
         procs = [self._proc]
-        with contextlib.suppress(psutil.Error):
-            # Keep the Process objects of live children: psutil caches their identity.
-            live = {}
-            for child in self._proc.children(recursive=True):
-                live[child.pid] = self._children.get(child.pid, child)
-            self._children = live
-            procs.extend(live.values())
+        if self._at - self._children_at >= self._children_every:
+            self._children_at = self._at
+            with contextlib.suppress(psutil.Error):
+                # Keep the Process objects of live children: psutil caches their identity.
+                live = {}
+                for child in self._proc.children(recursive=True):
+                    live[child.pid] = self._children.get(child.pid, child)
+                self._children = live
+        procs.extend(self._children.values())
         for proc in procs:
             with contextlib.suppress(psutil.Error), proc.oneshot():
                 rss += proc.memory_info().rss

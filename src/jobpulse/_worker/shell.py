@@ -74,6 +74,8 @@ class Shell(Generic[H]):
 
     def __init__(self, redis: Any, job_id: str, spec: HeartbeatSpec) -> None:
         self._m: BeatMachine[H] = BeatMachine(job_id, spec)
+        # the ticker's view of the machine: a plain attribute, read several times per beat
+        self.machine: BeatMachine[H] = self._m
         self.job_id = self._m.job_id
         self.kind = self._m.kind
         self._redis: Any = redis
@@ -216,10 +218,6 @@ class Shell(Generic[H]):
             self._ticker.schedule(self)
 
     # -- the ticker's interface (synchronous, no I/O; the thread ticker holds the lock) --------
-
-    @property
-    def machine(self) -> BeatMachine[H]:
-        return self._m
 
     def beat(self, now: float, lag: float, sample: ProcessSample) -> list[Any]:
         return self._m.next_beat(now, lag, sample, self.progress.done, self.progress.total)

@@ -138,7 +138,7 @@ class Ticker(TickCore):
 
     def _admit(self) -> None:
         """Wake the new jobs the gate lets enter now."""
-        while True:
+        while self._gate.waiting:  # else nothing to decide: the plan is not asked (per tick)
             stale = 0
             for waiter in self._gate.admit(pressing=self._plan.pressing(self._clock())):
                 if waiter.done():  # cancelled while it waited: it does not enter
