@@ -277,3 +277,18 @@ async def test_a_full_resend_keeps_alive_s_cancel_flag_when_the_snapshot_lost_it
     assert (reply.code, reply.cancel) == (calls.BeatCode.WRITTEN, True)
     assert await client.hget(keys.state, "cancel") == b"1"
     assert await client.get(keys.alive) == f"tok:{fence}:{seq + 1}:1".encode()
+
+
+async def test_a_cancel_leaves_an_older_version_s_alive_value_alone(
+    client: AnyRedis, ns: str
+) -> None:
+    """The upgrade note: before the fold ``alive`` held the fence alone; a new ``cancel.lua``
+    marks the Hash (which that older worker reads) and leaves such a value and its TTL as
+    they are."""
+    keys = KeySchema(ns).job("older-alive")
+    await client.hset(keys.state, mapping={"status": "RUNNING", "fence": "1796096775961107"})
+    await client.set(keys.alive, "1796096775961107", px=60_000)
+    assert await calls.run(client, calls.cancel(keys.all(), 100, "")) is calls.CancelCode.REQUESTED
+    assert await client.hget(keys.state, "cancel") == b"1"
+    assert await client.get(keys.alive) == b"1796096775961107"
+    assert 0 < await client.pttl(keys.alive) <= 60_000
