@@ -231,3 +231,64 @@ async def test_a_snapshot_lost_alone_while_alive_lives_is_undone_and_answered_re
     assert (await calls.run(client, calls.beat(keys.all(), full))).code is calls.BeatCode.WRITTEN
     state = await client.hgetall(keys.state)
     assert (state[b"seq"], state[b"done"]) == (str(seq + 2).encode(), b"2")
+
+
+async def test_a_cancel_outlives_a_snapshot_lost_alone(client: AnyRedis, ns: str) -> None:
+    """A cancel marks the snapshot and ``alive``; the snapshot lost alone (deleted, evicted),
+    alive's flag still says so: the undone beat restores ``cancel`` with status and fence, and
+    the full resend that repairs the snapshot keeps the flag in both (a reader and a second
+    cancel still see the request)."""
+    keys = KeySchema(ns).job("cancel-lost-alone")
+    fence, seq = await _started(client, keys)
+    assert (await calls.run(client, calls.beat(keys.all(), _beat(fence, seq + 1, "1")))).code == 1
+    assert await calls.run(client, calls.cancel(keys.all(), 100, "")) is calls.CancelCode.REQUESTED
+    await client.delete(keys.state)
+
+    after = calls.beat(keys.all(), _beat(fence, seq + 2, "2"))
+    first, again = await calls.run(client, after), await calls.run(client, after)
+    assert (first.code, first.cancel) == (calls.BeatCode.RESEND_STATIC, True)
+    assert (again.code, again.cancel) == (calls.BeatCode.RESEND_STATIC, True)
+    assert await client.hget(keys.state, "cancel") == b"1"
+
+    full = calls.beat_segment(
+        token="tok", fence=fence, ttl_ms=60_000, seq=seq + 2, landed=0, fields={"done": "2"}
+    )
+    reply = await calls.run(client, calls.beat(keys.all(), full))
+    assert (reply.code, reply.cancel) == (calls.BeatCode.WRITTEN, True)
+    assert await client.hget(keys.state, "cancel") == b"1"
+    assert await client.get(keys.alive) == f"tok:{fence}:{seq + 2}:1".encode()
+    again_cancel = await calls.run(client, calls.cancel(keys.all(), 100, ""))
+    assert again_cancel is calls.CancelCode.ALREADY_REQUESTED
+
+
+async def test_a_full_resend_keeps_alive_s_cancel_flag_when_the_snapshot_lost_it(
+    client: AnyRedis, ns: str
+) -> None:
+    """A full resend (``landed`` 0: the slow path) into a snapshot lost alone after a cancel:
+    alive's flag is the request's only record, so the beat answers it and writes it back."""
+    keys = KeySchema(ns).job("cancel-resend")
+    fence, seq = await _started(client, keys)
+    assert await calls.run(client, calls.cancel(keys.all(), 100, "")) is calls.CancelCode.REQUESTED
+    await client.delete(keys.state)
+    full = calls.beat_segment(
+        token="tok", fence=fence, ttl_ms=60_000, seq=seq + 1, landed=0, fields={"done": "1"}
+    )
+    reply = await calls.run(client, calls.beat(keys.all(), full))
+    assert (reply.code, reply.cancel) == (calls.BeatCode.WRITTEN, True)
+    assert await client.hget(keys.state, "cancel") == b"1"
+    assert await client.get(keys.alive) == f"tok:{fence}:{seq + 1}:1".encode()
+
+
+async def test_a_cancel_leaves_an_older_version_s_alive_value_alone(
+    client: AnyRedis, ns: str
+) -> None:
+    """The upgrade note: before the fold ``alive`` held the fence alone; a new ``cancel.lua``
+    marks the Hash (which that older worker reads) and leaves such a value and its TTL as
+    they are."""
+    keys = KeySchema(ns).job("older-alive")
+    await client.hset(keys.state, mapping={"status": "RUNNING", "fence": "1796096775961107"})
+    await client.set(keys.alive, "1796096775961107", px=60_000)
+    assert await calls.run(client, calls.cancel(keys.all(), 100, "")) is calls.CancelCode.REQUESTED
+    assert await client.hget(keys.state, "cancel") == b"1"
+    assert await client.get(keys.alive) == b"1796096775961107"
+    assert 0 < await client.pttl(keys.alive) <= 60_000

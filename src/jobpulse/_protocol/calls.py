@@ -362,8 +362,8 @@ def acquire(
 ) -> Call[AcquireReply]:
     """Take the lease (``acquire.lua``): ``total`` and ``meta`` encoded (``""``: none),
     ``details`` the start entry's JSON, ``latest`` the latest start in server ms (``""``: no
-    limit). ``token`` is the first field of ``alive``'s value (``<token>:<fence>``), so it
-    must be non-empty and hold no ``:``.
+    limit). ``token`` is the first field of ``alive``'s value
+    (``<token>:<fence>:<seq>:<cancel>``), so it must be non-empty and hold no ``:``.
 
     Raises:
         ValueError: a token that would not split back out of ``alive``'s value.

@@ -39,7 +39,8 @@
           field, no seq, no entry): the worker sends every field and the static ones at once,
           with landed 0. A replay finds the same snapshot and answers 3 again. Also when
           the snapshot alone was lost while alive lived on (deleted, evicted): the
-          regular path's HSET then adds `seq`, and the beat is undone before answering 3;
+          regular path's HSET then adds `seq`, and the beat is undone before answering 3
+          (alive's cancel flag is written back into the snapshot, here and on the slow path);
           a replay of a beat that was written (same seq) answers as written (1), writing
           nothing again;
           -1 taken over; -2 fenced out (nothing written in either case)
@@ -66,7 +67,7 @@ local function beat(k, a, last)
   if code < 0 then return code end
 
   local prefix = ARGV[a] .. ':' .. fence .. ':'
-  local current, cancel, stored_done
+  local current, cancel, stored_done, restore_cancel
   if code == 1 and landed > 0 then -- the regular path: seq and cancel from alive
     local s, c = string.match(held, '^(%d+):([01])$', #prefix + 1)
     current, cancel = tonumber(s), tonumber(c)
@@ -78,6 +79,11 @@ local function beat(k, a, last)
     cancel = 0
     if h[2] == '1' then cancel = 1 end
     stored_done = h[3]
+    -- alive's cancel flag outlives a snapshot lost alone (cancel.lua writes both): keep it
+    if cancel == 0 and code == 1 and string.sub(held, -2) == ':1' then
+      cancel = 1
+      restore_cancel = true
+    end
   end
 
   local function renew(at) -- alive: our token and fence, the snapshot's seq, cancel; PX ttl
@@ -149,16 +155,22 @@ local function beat(k, a, last)
     args[#args + 1] = 'fence'
     args[#args + 1] = fence
   end
+  if restore_cancel then
+    args[#args + 1] = 'cancel'
+    args[#args + 1] = '1'
+  end
   for i = first_pair, last do args[#args + 1] = ARGV[i] end
   local added = redis.call('HSET', KEYS[k + 1], unpack(args))
   if fast and added > #args / 2 - 2 then
     -- `seq` or `heartbeat_ms` was not there: the snapshot was lost alone (deleted, evicted)
     -- while alive lived on, which the regular path cannot see before writing. Undo this beat
-    -- (the partial snapshot goes) and answer as for a lost snapshot: RUNNING and the fence
-    -- restored, alive's seq kept, code 3; a replay finds the same and answers the same. Costs
-    -- the regular path nothing: HSET says how many fields it added.
+    -- (the partial snapshot goes) and answer as for a lost snapshot: RUNNING, the fence and
+    -- a cancel request (alive's flag) restored, alive's seq kept, code 3; a replay finds the
+    -- same and answers the same. Costs the regular path nothing: HSET says how many fields it
+    -- added.
     redis.call('DEL', KEYS[k + 1])
     redis.call('HSET', KEYS[k + 1], 'status', 'RUNNING', 'fence', fence)
+    if cancel == 1 then redis.call('HSET', KEYS[k + 1], 'cancel', '1') end
     renew(current)
     return now * 8 + 6 + cancel
   end
