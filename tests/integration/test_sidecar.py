@@ -241,6 +241,7 @@ def test_a_cluster_client_needs_a_factory_and_nothing_is_written_without_one(
         assert status.done == 2
     finally:
         client.close()
+        client.disconnect_connection_pools()  # close() leaves the nodes' pools open
 
 
 def test_a_factory_the_helper_cannot_load_is_refused_before_any_write(
