@@ -95,7 +95,9 @@ def test_metrics_and_cancel_go_through_authorize(redis_url: str, ns: str) -> Non
         assert http.post("/jobs/other-1/cancel?dry_run=1").status_code == 403
         assert http.post("/jobs/mine-1/cancel?dry_run=1").json() == {"allowed": True}
         assert http.post("/jobs/bad%20id/cancel").status_code == 400
-        assert http.post("/jobs/mine-1/cancel").status_code == 409  # not running
+        refused = http.post("/jobs/mine-1/cancel")  # no such job
+        assert refused.status_code == 409
+        assert refused.json() == {"error": "job is not running", "state": "UNKNOWN"}
 
 
 async def test_a_post_cancel_ends_the_job_cancelled(
@@ -118,3 +120,26 @@ async def test_a_post_cancel_ends_the_job_cancelled(
         await asyncio.wait_for(task, 10)
     async with StatusReader(redis, namespace=ns, cache_ttl=0) as reader:
         assert (await reader.get("c1")).state is JobState.CANCELLED
+
+
+async def test_a_cancel_of_a_stale_job_is_409_with_its_state_and_records_nothing(
+    redis: aioredis.Redis, redis_url: str, ns: str, server: ServerThread
+) -> None:
+    # The worker is gone: a recorded request would wait for a worker that may never beat again,
+    # and a 200 would tell the operator the job is being stopped.
+    worker = spawn_ready("tests.integration.worker_proc", redis_url, ns, "s1", "1.0")
+    worker.send_signal(signal.SIGKILL)
+    worker.wait()
+    stop(worker)
+    async with StatusReader(redis, namespace=ns, cache_ttl=0) as reader:
+
+        async def stale() -> bool:
+            return (await reader.get("s1")).state is JobState.STALE
+
+        await eventually(stale, within=15, step=0.1)
+        async with httpx.AsyncClient(base_url=server.base_url) as http:
+            response = await http.post("/jobs/s1/cancel")
+        assert response.status_code == 409
+        assert response.json()["state"] == "STALE"
+        status = await reader.get("s1")
+        assert (status.state, status.cancel_requested) == (JobState.STALE, False)

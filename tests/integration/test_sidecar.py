@@ -280,6 +280,7 @@ def test_a_cluster_client_needs_a_factory_and_nothing_is_written_without_one(
         assert status.done == 2
     finally:
         client.close()
+        client.disconnect_connection_pools()  # close() leaves the nodes' pools open
 
 
 def test_a_factory_the_helper_cannot_load_is_refused_before_any_write(
@@ -356,6 +357,32 @@ async def test_asyncio_face_records_stage_checkpoint_progress_and_ends_completed
     assert (status.stage, status.done, status.fence) == ("crunch", 3, hb.fence)
     events = await redis.xrange(KeySchema(ns).events("a-1"))
     assert [b'{"step":3}' in dict(e[1]).get(b"details", b"") for e in events].count(True) == 1
+
+
+async def test_asyncio_face_statistics_never_wait_for_the_helper(
+    redis: aioredis.Redis, ns: str
+) -> None:
+    """The loop never blocks on the pipe: with the helper stopped (SIGSTOP), ``statistics()``
+    returns the counters it sent last (a blocking ask waited up to ``ttl``, 600 s here, past
+    the test's timeout); once it runs again, a later call shows newer ones."""
+    async with jobpulse.heartbeat(
+        redis, "a-4", namespace=ns, interval=0.05, ttl=600.0, sidecar=True
+    ) as hb:
+        assert isinstance(hb, jobpulse.AsyncSidecarHeartbeat)
+
+        async def written(n: int) -> bool:
+            return hb.statistics().beats_written >= n
+
+        await eventually(lambda: written(2))
+        pid = hb.helper_pid
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            known = hb.statistics().beats_written
+            hb.statistics()
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        await eventually(lambda: written(known + 2))
 
 
 async def test_asyncio_face_a_cancel_request_cancels_the_body_and_ends_cancelled(

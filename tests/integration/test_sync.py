@@ -308,3 +308,4 @@ def test_sync_shell_and_reader_on_a_cluster(redis_cluster: Any, ns: str) -> None
         for key in client.scan_iter(match=f"{ns}:*", count=1000, target_nodes="primaries"):
             client.delete(key)
         client.close()
+        client.disconnect_connection_pools()  # close() leaves the nodes' pools open

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from typing import assert_type
 
 import redis
 import redis.asyncio as aioredis
@@ -16,9 +17,11 @@ from redis.asyncio.cluster import RedisCluster
 
 import jobpulse
 from jobpulse import (
+    AsyncSidecarHeartbeat,
     CacheStatistics,
     Event,
     HeartbeatStatistics,
+    JobHeartbeat,
     JobState,
     JobStatus,
     OnStale,
@@ -41,11 +44,12 @@ async def worker(client: aioredis.Redis, cluster: RedisCluster) -> HeartbeatStat
 
 
 def typos_are_refused(client: aioredis.Redis, sync: redis.Redis) -> None:
-    jobpulse.heartbeat(client, "x", totl=10)  # type: ignore[call-arg]
-    jobpulse.heartbeat(client, "x", interval="fast")  # type: ignore[arg-type]
-    jobpulse.heartbeat(sync, "x")  # type: ignore[arg-type]
-    jobpulse.sync.heartbeat(sync, "x", ttl="long")  # type: ignore[arg-type]
-    jobpulse.sync.heartbeat(client, "x")  # type: ignore[arg-type]
+    # (the factories are overloaded on sidecar=: mypy reports no overload matching)
+    jobpulse.heartbeat(client, "x", totl=10)  # type: ignore[call-overload]
+    jobpulse.heartbeat(client, "x", interval="fast")  # type: ignore[call-overload]
+    jobpulse.heartbeat(sync, "x")  # type: ignore[call-overload]
+    jobpulse.sync.heartbeat(sync, "x", ttl="long")  # type: ignore[call-overload]
+    jobpulse.sync.heartbeat(client, "x")  # type: ignore[call-overload]
     jobpulse.sync.request_cancel(sync, "x", reasn="typo")  # type: ignore[call-arg]
     jobpulse.sync.request_cancel(client, "x")  # type: ignore[arg-type]
 
@@ -99,3 +103,24 @@ def sync_reader(client: redis.Redis) -> JobState:
     done = threading.Event()
     done.set()
     return r.wait("s", timeout=30.0).state
+
+
+async def the_sidecar_argument_narrows_the_type(
+    client: aioredis.Redis, sync: redis.Redis, flag: bool
+) -> None:
+    """``sidecar=`` given as a literal (or left to its default) gives the one class it returns;
+    a ``bool`` only known at run time gives the union."""
+    assert_type(jobpulse.heartbeat(client, "a"), JobHeartbeat)
+    assert_type(jobpulse.heartbeat(client, "a", sidecar=False), JobHeartbeat)
+    assert_type(jobpulse.heartbeat(client, "a", sidecar=True, ttl=5.0), AsyncSidecarHeartbeat)
+    assert_type(jobpulse.heartbeat(client, "a", sidecar=flag), JobHeartbeat | AsyncSidecarHeartbeat)
+    async with jobpulse.heartbeat(client, "a", sidecar=True) as hb:
+        assert_type(hb, AsyncSidecarHeartbeat)
+        pid: int | None = hb.helper_pid
+        print(pid)
+    assert_type(jobpulse.sync.heartbeat(sync, "s"), SidecarHeartbeat)
+    assert_type(jobpulse.sync.heartbeat(sync, "s", sidecar=True), SidecarHeartbeat)
+    assert_type(jobpulse.sync.heartbeat(sync, "s", sidecar=False, total=3), SyncHeartbeat)
+    assert_type(jobpulse.sync.heartbeat(sync, "s", sidecar=flag), SyncHeartbeat | SidecarHeartbeat)
+    with jobpulse.sync.heartbeat(sync, "s", sidecar=False) as shb:
+        assert_type(shb, SyncHeartbeat)

@@ -422,6 +422,12 @@ def client_of(reader: StatusReader) -> Any:
     return reader._redis
 
 
+async def fresh_status(reader: StatusReader, job_id: str) -> JobStatus:
+    """The job's verdict read from Redis now, never from the cache, for the adapters that act
+    on it (the HTTP app's cancel route); not public."""
+    return await reader._get(job_id, (), fresh=True)
+
+
 def _is_job_id(text: str) -> bool:
     try:
         check_job_id(text)

@@ -21,7 +21,7 @@ import asyncio
 import contextlib
 import logging
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Unpack, overload
 
 from .._protocol import calls
 from .._protocol.clients import AsyncClient
@@ -214,6 +214,39 @@ class JobHeartbeat(Shell["asyncio.Future[None]"]):
         if self._in_body and self._host is not None and not self._host.done():
             self._host.cancel()
             self._our_cancels += 1
+
+
+@overload
+def heartbeat(
+    redis: AsyncClient,
+    job_id: str,
+    *,
+    sidecar: Literal[False] = False,
+    client_factory: ClientFactory | None = None,
+    **options: Unpack[HeartbeatOptions],
+) -> JobHeartbeat: ...
+
+
+@overload
+def heartbeat(
+    redis: AsyncClient,
+    job_id: str,
+    *,
+    sidecar: Literal[True],
+    client_factory: ClientFactory | None = None,
+    **options: Unpack[HeartbeatOptions],
+) -> AsyncSidecarHeartbeat: ...
+
+
+@overload
+def heartbeat(
+    redis: AsyncClient,
+    job_id: str,
+    *,
+    sidecar: bool,
+    client_factory: ClientFactory | None = None,
+    **options: Unpack[HeartbeatOptions],
+) -> JobHeartbeat | AsyncSidecarHeartbeat: ...
 
 
 def heartbeat(

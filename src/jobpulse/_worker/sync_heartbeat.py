@@ -17,7 +17,7 @@ import concurrent.futures
 import logging
 import time
 from types import TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar, Unpack
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, Unpack, overload
 
 from .._protocol import calls
 from .._protocol.clients import SyncClient
@@ -165,6 +165,39 @@ class SyncHeartbeat(Shell["_Handle"]):
 
     def _interrupt(self) -> None:
         self.progress._cancel()  # a sync body cannot be interrupted: it asks check()
+
+
+@overload
+def heartbeat(
+    redis: SyncClient,
+    job_id: str,
+    *,
+    sidecar: Literal[True] = True,
+    client_factory: ClientFactory | None = None,
+    **options: Unpack[HeartbeatOptions],
+) -> SidecarHeartbeat: ...
+
+
+@overload
+def heartbeat(
+    redis: SyncClient,
+    job_id: str,
+    *,
+    sidecar: Literal[False],
+    client_factory: ClientFactory | None = None,
+    **options: Unpack[HeartbeatOptions],
+) -> SyncHeartbeat: ...
+
+
+@overload
+def heartbeat(
+    redis: SyncClient,
+    job_id: str,
+    *,
+    sidecar: bool,
+    client_factory: ClientFactory | None = None,
+    **options: Unpack[HeartbeatOptions],
+) -> SyncHeartbeat | SidecarHeartbeat: ...
 
 
 def heartbeat(

@@ -13,7 +13,10 @@ client one below ``ttl`` (``docs/sync.md``). While a send blocks, deadlines are 
 where they matter: ``cancelled``/``check()`` compare the deadline with the clock themselves.
 
 The thread lives exactly as long as it has jobs: the first ``add`` starts it, it ends when the
-last job is removed (a lock shared with every job guards the plan and the machines).
+last job is removed (a lock shared with every job guards the plan and the machines). ``remove``
+returns once no send of the thread carries the job: after a job's ``with`` block the thread
+does no I/O for it, so closing the client then leaves no connection open (a beat in flight at
+the exit used to take a connection from the closed client's pool, a socket nothing closed).
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class ThreadTicker(TickCore):
         self._deadlines: list[tuple[float, int, Beating]] = []
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
+        self._sending: frozenset[int] = frozenset()  # ids of the jobs the thread's sends carry
 
     @classmethod
     def for_client(cls, redis: Any, clock: Callable[[], float]) -> ThreadTicker:
@@ -71,9 +75,14 @@ class ThreadTicker(TickCore):
             self._cond.notify()
 
     def remove(self, job: Beating) -> None:
+        """Take ``job`` out of the plan; return once no send in flight carries it (from the
+        thread itself, at once)."""
         with self._cond:
             self._plan.remove(job)
             self._cond.notify()
+            if threading.current_thread() is not self._thread:
+                while id(job) in self._sending:
+                    self._cond.wait()
 
     def schedule(self, job: Beating) -> None:
         """Plan ``job``'s next beat at ``job.machine.due`` (the caller may hold the lock)."""
@@ -127,8 +136,14 @@ class ThreadTicker(TickCore):
                         for i in range(0, len(due), CHUNK)
                         if sample is not None
                     ]
-                for beats in chunks:
-                    self._send(beats, now)
+                    self._sending = frozenset(id(job) for job in due)
+                try:
+                    for beats in chunks:
+                        self._send(beats, now)
+                finally:
+                    with self._cond:
+                        self._sending = frozenset()
+                        self._cond.notify_all()  # the jobs removed meanwhile may return
                 intended = self._sleep()
         except Exception as exc:  # a bug, not a Redis fault: those are handled per send
             with self._cond:

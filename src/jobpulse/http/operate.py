@@ -21,7 +21,8 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from .._protocol.keys import check_job_id
-from .._reader.reader import StatusReader, client_of
+from .._reader.reader import StatusReader, client_of, fresh_status
+from .._reader.status import JobState
 from .._recovery.control import request_cancel
 from ..errors import InvalidJobId
 from .auth import bearer_allows
@@ -78,9 +79,13 @@ async def cancel(
 ) -> Response:
     """``POST /jobs/{job_id}/cancel``: ask the job's worker to stop (``request_cancel``).
 
-    Answers 200 ``{"cancelled": true}`` when the request is recorded, 409 when the job is not
-    running, 401 without the operator token, 403 when ``authorize`` refuses, 400 for an invalid
-    id; with ``?dry_run=1``, 200 ``{"allowed": true}`` and nothing cancelled.
+    Answers 200 ``{"cancelled": true}`` when the request is recorded; 409
+    ``{"error": ..., "state": STATE}`` when the job is not RUNNING: STALE (its worker stopped
+    beating, so no worker would act on the request: nothing is recorded, and a sweeper ends the
+    job LOST), ended or unknown; 401 without the operator token, 403 when ``authorize`` refuses,
+    400 for an invalid id; with ``?dry_run=1``, 200 ``{"allowed": true}`` and nothing cancelled.
+    (A job that goes STALE between the route's read and its request is cancelled as the RUNNING
+    job it was read: the request waits for its worker, should that come back.)
     """
     rest: str = request.path_params["rest"]
     if not rest.endswith(_SUFFIX):
@@ -98,9 +103,20 @@ async def cancel(
     if request.query_params.get("dry_run") in ("1", "true"):
         return json({"allowed": True}, headers=_NO_STORE)
     try:
-        done = await request_cancel(client_of(reader), job_id, namespace=reader.namespace)
+        state = (await fresh_status(reader, job_id)).state
+        if state is JobState.RUNNING:
+            if await request_cancel(client_of(reader), job_id, namespace=reader.namespace):
+                return json({"cancelled": True}, headers=_NO_STORE)
+            state = (await fresh_status(reader, job_id)).state  # it ended meanwhile
     except Exception as exc:
         return failure(exc)
-    if not done:
-        return error(409, "job is not running")
-    return json({"cancelled": True}, headers=_NO_STORE)
+    return _not_running(state)
+
+
+def _not_running(state: JobState) -> Response:
+    """409 for a cancel of a job that is not RUNNING, with its state."""
+    if state is JobState.STALE:
+        message = "job is STALE: its worker stopped beating, no worker would act on a cancel"
+    else:
+        message = "job is not running"
+    return json({"error": message, "state": state.name}, 409, _NO_STORE)

@@ -45,7 +45,7 @@ import threading
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Generic, TypeVar
 
 import redis as redis_sync
 
@@ -69,6 +69,7 @@ __all__ = [
     "WRAPPED",
     "AsyncPulse",
     "ClaimHold",
+    "ClaimPlan",
     "HelperClaim",
     "HolderView",
     "PulseOptions",
@@ -79,6 +80,7 @@ __all__ = [
     "keep_claim_sync",
     "kind_for",
     "leave_recorded",
+    "plan_claim",
     "pulse",
     "pulse_sync",
     "refresh_delays",
@@ -202,6 +204,39 @@ class ClaimHold:
         return self.holding
 
 
+R = TypeVar("R")
+
+
+@dataclass(frozen=True, slots=True)
+class ClaimPlan(Generic[R]):
+    """Who refreshes the queue's claim, and when (:func:`plan_claim`).
+
+    Attributes:
+        keeper: the refresh sent to the sidecar's helper with the job, or None.
+        entering: the refresh this process runs while the heartbeat is entered (the helper
+            starting, the lease acquired), or None.
+        running: the refresh this process runs while the body runs, or None.
+    """
+
+    keeper: HelperClaim | None
+    entering: R | None
+    running: R | None
+
+
+def plan_claim(refresh: R | None, claim: HelperClaim | None, *, sidecar: bool) -> ClaimPlan[R]:
+    """Who keeps the queue's claim fresh: the one decision of :func:`pulse` and :func:`pulse_sync`.
+
+    With ``sidecar`` and a ``claim`` the helper refreshes the claim beside the beats once the
+    heartbeat is entered, and until then ``refresh`` runs in this process: the claim is never
+    left without a refresh between the queue's hand-over and the helper's first one (a helper
+    can take seconds to start on a loaded machine). Otherwise ``refresh`` runs in this process
+    while the body runs (the heartbeat's entry is short: one acquire).
+    """
+    if sidecar and claim is not None:
+        return ClaimPlan(keeper=claim, entering=refresh, running=None)
+    return ClaimPlan(keeper=None, entering=None, running=refresh)
+
+
 @dataclass(frozen=True, slots=True)
 class HolderView:
     """What a duplicate attempt sees of the attempt that holds the job's lease: the snapshot's
@@ -320,7 +355,8 @@ async def pulse(
         sidecar: beat from jobpulse's helper process (``heartbeat(..., sidecar=True)``): for a
             task the queue runs in a thread, whose GIL hold would starve this loop's beats.
         claim: with ``sidecar``, the queue's claim refresh for the helper to run beside the
-            beats (then ``refresh`` is not run here); None: ``refresh`` runs in this loop.
+            beats (then ``refresh`` runs in this loop only until the heartbeat is entered:
+            :func:`plan_claim`, as :func:`pulse_sync`); None: ``refresh`` runs in this loop.
 
     A lease held by another attempt (JobBusy) is waited for, up to ``claim_ttl``, only while
     that holder is not alive (:func:`holder_alive`): a queue may hand a dead worker's job on a
@@ -329,8 +365,39 @@ async def pulse(
     """
     job_id = job_id_for(queue_job_id)
     client = options.redis if options.redis is not None else redis
-    if sidecar and claim is not None:
-        refresh = None  # the helper refreshes the claim
+    plan = plan_claim(refresh, claim, sidecar=sidecar)
+    entering: contextlib.AbstractAsyncContextManager[None] = contextlib.nullcontext()
+    if plan.entering is not None:
+        entering = keep_claim(plan.entering, options.interval, job_id=job_id)
+    async with entering:
+        hb = await _enter(options, client, job_id, task_name, sidecar, plan.keeper)
+
+    def holds() -> bool:
+        return hb.lease_held
+
+    try:
+        if plan.running is None:
+            yield hb
+        else:
+            async with keep_claim(plan.running, options.interval, job_id=job_id, holds=holds):
+                yield hb
+    except BaseException as exc:
+        await hb.__aexit__(type(exc), exc, exc.__traceback__)
+        raise
+    else:
+        await hb.__aexit__(None, None, None)
+
+
+async def _enter(
+    options: PulseOptions,
+    client: Any,
+    job_id: str,
+    task_name: str,
+    sidecar: bool,
+    keeper: HelperClaim | None,
+) -> AsyncPulse:
+    """Enter the job's heartbeat for :func:`pulse`: a ``JobBusy`` of a holder that is not (or
+    no longer) alive is waited out, up to the claim's TTL."""
     deadline = time.monotonic() + options.claim_ttl
     first: HolderView | None = None
     reader: StatusReader | None = None
@@ -344,8 +411,8 @@ async def pulse(
             kind=kind_for(task_name),
             sidecar=sidecar,
         )
-        if claim is not None and isinstance(hb, AsyncSidecarHeartbeat):
-            hb.keep(claim)
+        if keeper is not None and isinstance(hb, AsyncSidecarHeartbeat):
+            hb.keep(keeper)
         try:
             await hb.__aenter__()
         except JobBusy:
@@ -357,22 +424,7 @@ async def pulse(
                 raise
             await asyncio.sleep(retry_after(options.interval))
             continue
-        break
-
-    def holds() -> bool:
-        return hb.lease_held
-
-    try:
-        if refresh is None:
-            yield hb
-        else:
-            async with keep_claim(refresh, options.interval, job_id=job_id, holds=holds):
-                yield hb
-    except BaseException as exc:
-        await hb.__aexit__(type(exc), exc, exc.__traceback__)
-        raise
-    else:
-        await hb.__aexit__(None, None, None)
+        return hb
 
 
 async def _holder(read: Awaitable[JobStatus]) -> HolderView | None:
@@ -556,24 +608,22 @@ def pulse_sync(
     """
     job_id = job_id_for(queue_job_id)
     client = options.redis if options.redis is not None else redis
-    keeper = claim if options.sidecar else None
+    plan = plan_claim(refresh, claim, sidecar=options.sidecar)
     entering: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
-    if keeper is not None:
-        if refresh is not None:
-            entering = keep_claim_sync(refresh, options.interval, job_id=job_id)
-        refresh = None  # the helper refreshes the claim
+    if plan.entering is not None:
+        entering = keep_claim_sync(plan.entering, options.interval, job_id=job_id)
     with entering:
-        hb = _enter_sync(options, client, job_id, task_name, keeper)
+        hb = _enter_sync(options, client, job_id, task_name, plan.keeper)
 
     def holds() -> bool:  # the lease is neither lost nor past its deadline
         return hb.lease_held
 
     try:
-        if refresh is None and watch is None:
+        if plan.running is None and watch is None:
             yield hb
         else:
             with keep_claim_sync(
-                refresh, options.interval, job_id=job_id, holds=holds, watch=watch
+                plan.running, options.interval, job_id=job_id, holds=holds, watch=watch
             ):
                 yield hb
     except BaseException as exc:

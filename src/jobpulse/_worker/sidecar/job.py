@@ -372,6 +372,23 @@ class AsyncSidecarHeartbeat(SidecarJob):
         self._host: asyncio.Task[Any] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._our_cancels = 0
+        self._asking: concurrent.futures.Future[Any] | None = None
+
+    def statistics(self) -> HeartbeatStatistics:
+        """This heartbeat's counters, without waiting for the helper (the event loop never
+        blocks on the pipe): those the helper sent last, and each call asks it for newer ones,
+        which a later call returns (one request in flight at most); the last known ones once
+        the job ended or the helper died."""
+        if self._channel is not None and self._in_body and self._asking is None:
+            self._asking = asking = self._channel.request("stats", self._key)
+            asking.add_done_callback(self._answered)
+        return self._stats
+
+    def _answered(self, asking: concurrent.futures.Future[Any]) -> None:
+        """(The channel's reader thread, or the caller's) the helper's answer to ``stats``."""
+        self._asking = None
+        if asking.exception() is None and asking.result() is not None:
+            self._stats = asking.result()
 
     async def __aenter__(self) -> AsyncSidecarHeartbeat:
         self._host = asyncio.current_task()
