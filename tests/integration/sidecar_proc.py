@@ -2,9 +2,9 @@
 ``python -m tests.integration.sidecar_proc SCENARIO SHELL URL NS JOB TTL`` (SHELL: sync or
 asyncio). Every scenario prints ``ready <pid> <helper pid>`` once the lease is held.
 
-* ``gil``: the body holds the GIL (and, in the asyncio shell, its event loop) in ONE C call,
-  ``sum(range(n))``, for about 3 x ttl (n calibrated here first), then counts one item and
-  ends; prints ``held <seconds>`` and ``ok``.
+* ``gil``: the body holds the GIL (and, in the asyncio shell, its event loop) for 3 x ttl of
+  wall time (:func:`hold_gil`), then counts one item and ends; prints ``held <seconds>`` and
+  ``ok``.
 * ``forever``: counts items until SIGKILLed (the owner-death test).
 * ``helper-dies``: works until the job must stop (the test SIGKILLs the helper); prints the
   exception the block raised (``lost <cause>``), then runs a second job to its end on a new
@@ -29,20 +29,22 @@ import jobpulse.sync
 from jobpulse import LeaseLost
 
 
-def calibrated(seconds: float) -> int:
-    """An ``n`` for which ``sum(range(n))`` takes at least about ``seconds`` on this machine:
-    sized by the fastest of five timed runs (a run slowed by other processes would make ``n``
-    too small; other processes can only make the long call longer)."""
-
-    def timed(n: int) -> float:
+def hold_gil(seconds: float) -> float:
+    """Hold the GIL (and, in the asyncio shell, the event loop) for ``seconds`` of wall time;
+    returns how long it was held. With a switch interval longer than the hold, a thread waiting
+    for the GIL never asks this one to drop it, and a loop that calls nothing blocking keeps it
+    throughout: held by the clock, not by a calibrated ``sum(range(n))`` (whose ``n`` came out
+    short when the machine's load fell between the calibration and the call)."""
+    before = sys.getswitchinterval()
+    sys.setswitchinterval(seconds + 5.0)
+    try:
         started = time.perf_counter()
-        sum(range(n))
+        end = started + seconds
+        while time.perf_counter() < end:
+            pass
         return time.perf_counter() - started
-
-    n = 1_000_000
-    while timed(n) < 0.05:
-        n *= 2
-    return int(n * seconds / min(timed(n) for _ in range(5)))
+    finally:
+        sys.setswitchinterval(before)
 
 
 def say(*words: object) -> None:
@@ -50,27 +52,21 @@ def say(*words: object) -> None:
 
 
 def gil_sync(client: redis.Redis, ns: str, job_id: str, ttl: float) -> None:
-    n = calibrated(3 * ttl)
     with jobpulse.sync.heartbeat(
         client, job_id, namespace=ns, ttl=ttl, interval=ttl / 4, total=1
     ) as hb:
         say("ready", os.getpid(), hb.helper_pid)  # type: ignore[union-attr]
-        started = time.perf_counter()
-        sum(range(n))  # one C call: the GIL is held throughout
-        say("held", time.perf_counter() - started)
+        say("held", hold_gil(3 * ttl))
         hb.progress.advance()
     say("ok")
 
 
 async def gil_asyncio(client: aioredis.Redis, ns: str, job_id: str, ttl: float) -> None:
-    n = calibrated(3 * ttl)
     async with jobpulse.heartbeat(
         client, job_id, namespace=ns, ttl=ttl, interval=ttl / 4, total=1, sidecar=True
     ) as hb:
         say("ready", os.getpid(), hb.helper_pid)  # type: ignore[union-attr]
-        started = time.perf_counter()
-        sum(range(n))  # one C call in the loop's thread: GIL and event loop held throughout
-        say("held", time.perf_counter() - started)
+        say("held", hold_gil(3 * ttl))  # in the loop's thread: the event loop is held too
         hb.progress.advance()
         await asyncio.sleep(0)
     say("ok")
