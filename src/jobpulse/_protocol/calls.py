@@ -214,18 +214,22 @@ def beat_segment(
     fields: dict[str, Any],
     event: tuple[str, str, int] | None = None,
     pairs: Sequence[Any] = (),
+    every_key: bool = True,
 ) -> list[Any]:
     """:func:`encode_beat` by field names, for tests, tools and benchmarks. ``fields``: the
     dynamic fields to write (names of :data:`BEAT_FIELDS`; with ``event``, done, total and
     stage are expected); ``landed``: by default ``seq - 1`` (the beat before this one landed);
-    0 for a beat that carries every field (no check)."""
+    0 for a beat that carries every field (no check); ``every_key``: as for
+    :func:`encode_beat` (False: the worker's regular beat, its keys picked by
+    :func:`beat_keys`)."""
     unknown = set(fields) - set(BEAT_FIELDS)
     if unknown:
         raise ValueError(f"unknown beat field(s): {', '.join(sorted(unknown))}")
     present = [i for i, name in enumerate(BEAT_FIELDS) if name in fields]
     values = [fields[BEAT_FIELDS[i]] for i in present]
     landed = seq - 1 if landed is None else landed
-    return encode_beat((token, fence, ttl_ms), seq, landed, present, values, event, pairs)
+    head = (token, fence, ttl_ms)
+    return encode_beat(head, seq, landed, present, values, event, pairs, True, every_key)
 
 
 def beat_command(beats: Sequence[tuple[Sequence[Any], Sequence[Any]]]) -> list[Any]:
