@@ -3,7 +3,7 @@
   liveness and (sometimes) a checkpoint entry. Every job is checked on its own (owner, fence,
   seq) and answered on its own; the server time is read once for the whole batch.
 
-  KEYS  2 to 4 per job, in this order: state, alive, events, fence (see _lib.lua): every key
+  KEYS  2 to 4 per job, in this order (not _lib.lua's): state, alive, events, fence: every key
         (all 4) unless the job's `n` is negative; then only state and alive, plus events when
         the beat carries a stream entry (its names end with '+'). A beat with a negative `n`
         that needs the fence (alive missing: a re-take reads it, and may write it) answers -3
@@ -33,7 +33,7 @@
 
   Returns an array, one element per job:
     an integer now_ms * 8 + code * 2 + cancel (code 1, 2 or 3), or the code alone when
-    refused (-1, -2), or {0, cancel, now_ms, snapshot_seq} when the snapshot holds a seq > ours
+    refused (-1, -2) or sent back (-3), or {0, cancel, now_ms, snapshot_seq} when the snapshot holds a seq > ours
     (lease renewed, nothing else written), or an error reply when a command failed for this
     job (the others are unaffected):
     code  1 written; 2 written, lease re-taken after it expired;
@@ -59,8 +59,9 @@
   written by the same scripts that write the snapshot's seq and cancel, so a restart or a
   failover restores the two together). The regular path (alive holds our token and fence,
   landed > 0) reads them there: GETEX alive (a GET that counts as a write: see _owner.lua),
-  one HSET, SET alive (the new seq, PX ttl); TIME once per call, first. The slow path (alive missing: a re-take; landed 0: a full resend) reads
-  the snapshot's seq, cancel and done with one HMGET, as the check against them.
+  one HSET, SET alive (the new seq, PX ttl); TIME once per call, first. The slow path (alive
+  missing: a re-take, sent with every key; landed 0: a full resend) reads the snapshot's seq,
+  cancel and done with one HMGET, as the check against them.
 ]]
 local FIELDS = {'done', 'total', 'stage', 'rate', 'eta_s', 'rss_bytes', 'cpu_s', 'loop_lag_ms'}
 local now = now_ms()
