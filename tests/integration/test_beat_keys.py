@@ -7,14 +7,19 @@ the fence or the stream."""
 from __future__ import annotations
 
 import asyncio
+import time
+from collections.abc import Iterator
 from typing import Any
 
+import pytest
+import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
 
 from jobpulse import heartbeat
 from jobpulse._protocol import calls
 from jobpulse._protocol.keys import AliveValue, JobKeys, KeySchema
+from jobpulse.sync import heartbeat as sync_heartbeat
 
 AnyRedis = aioredis.Redis | RedisCluster
 
@@ -199,3 +204,50 @@ async def test_a_worker_re_takes_an_expired_lease_through_the_resend(
 async def _fence_back(client: AnyRedis, keys: JobKeys) -> None:
     while await client.get(keys.fence) is None:
         await asyncio.sleep(0.02)
+
+
+@pytest.fixture
+def sync_client(redis_url: str, ns: str) -> Iterator[redis.Redis]:
+    client = redis.Redis.from_url(redis_url, socket_timeout=2.0)
+    try:
+        yield client
+    finally:
+        for key in client.scan_iter(match=f"{ns}:*", count=1000):
+            client.delete(key)
+        client.close()
+
+
+def test_the_thread_ticker_re_takes_an_expired_lease_through_the_resend(
+    sync_client: redis.Redis, ns: str
+) -> None:
+    keys = KeySchema(ns).job("sync-retake")
+    with sync_heartbeat(sync_client, "sync-retake", namespace=ns, interval=0.05, ttl=2.0) as hb:
+        token = AliveValue.parse(sync_client.get(keys.alive)).token
+        sync_client.delete(keys.fence)
+        sync_client.pexpire(keys.alive, 1)
+        deadline = time.monotonic() + 5.0
+        while sync_client.get(keys.fence) is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert sync_client.get(keys.fence) == b"%d" % hb.fence
+        assert sync_client.hmget(keys.state, "status", "fence") == [b"RUNNING", b"%d" % hb.fence]
+        alive = AliveValue.parse(sync_client.get(keys.alive))
+        assert (alive.token, alive.fence) == (token, hb.fence)
+    assert sync_client.hget(keys.state, "status") == b"COMPLETED"
+
+
+async def test_the_sidecar_helper_re_takes_an_expired_lease_through_the_resend(
+    redis: aioredis.Redis, ns: str
+) -> None:
+    keys = KeySchema(ns).job("side-retake")
+    async with heartbeat(
+        redis, "side-retake", namespace=ns, interval=0.05, ttl=2.0, sidecar=True
+    ) as hb:
+        token = AliveValue.parse(await redis.get(keys.alive)).token
+        await redis.delete(keys.fence)
+        await redis.pexpire(keys.alive, 1)
+        await asyncio.wait_for(_fence_back(redis, keys), 5.0)
+        assert await redis.get(keys.fence) == b"%d" % hb.fence
+        assert await redis.hmget(keys.state, "status", "fence") == [b"RUNNING", b"%d" % hb.fence]
+        alive = AliveValue.parse(await redis.get(keys.alive))
+        assert (alive.token, alive.fence) == (token, hb.fence)
+    assert await redis.hget(keys.state, "status") == b"COMPLETED"
