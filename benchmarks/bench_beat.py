@@ -104,6 +104,7 @@ def back_to_back(url: str, probe: Probe, count: int) -> dict[str, float]:
     client = redis.Redis.from_url(url)
     job = f"hot-{time.time_ns()}"
     keys = KeySchema(NS).job(job).all()
+    beat_keys = KeySchema(NS).job(job).beat()
     reply = client.eval(
         SCRIPTS.acquire.text, len(keys), *keys, "tok", 6000, 1000, "w", "", "", "", ""
     )
@@ -126,9 +127,11 @@ def back_to_back(url: str, probe: Probe, count: int) -> dict[str, float]:
                         fields.update(total=1000000, stage="s")
                         event = ("beat", "", 1000)
                     segment = calls.beat_segment(
-                        token="tok", fence=fence, ttl_ms=6000, seq=seq, fields=fields, event=event
-                    )
-                    client.execute_command(*calls.beat_command([(keys, segment)]))
+                        token="tok", fence=fence, ttl_ms=6000, seq=seq, fields=fields, event=event,
+                        every_key=False,
+                    )  # fmt: skip
+                    sent = calls.beat_keys(beat_keys, segment)  # as the worker: state, alive
+                    client.execute_command(*calls.beat_command([(sent, segment)]))
                 else:
                     renew(keys=[f"lock:job:{job}"], args=["tok", 6000])
                     pipe = client.pipeline(transaction=False)

@@ -474,9 +474,11 @@ def ablation(quick: bool) -> dict[str, Any]:
             names = calls.BEAT_FIELDS[8 - n_fields :]
             fields = dict(zip(names, _ARGS[13 - n_fields : 13], strict=True))
             segment = calls.beat_segment(
-                token="tok123456789", fence=1796096775961107, ttl_ms=6000, seq=seq, fields=fields
-            )
-            return keys, segment
+                token="tok123456789", fence=1796096775961107, ttl_ms=6000, seq=seq, fields=fields,
+                every_key=False,
+            )  # fmt: skip
+            # as the worker sends it: state and alive (keys in JobKeys.all()'s order)
+            return calls.beat_keys((keys[0], keys[2], keys[1], keys[3]), segment), segment
 
         for n_fields in (8, 3, 0):
             cmds = [calls.beat_command([beat(jobs[0], s, n_fields)]) for s in range(2, n_hot + 2)]

@@ -38,10 +38,11 @@ GOAL_GET = 1.10
 def _beat_call(jobs: int) -> list[Any]:
     beats = []
     for i in range(jobs):
-        keys = tuple(k.encode() for k in KeySchema(NS).job(f"job{i:06d}").all())
+        keys = tuple(k.encode() for k in KeySchema(NS).job(f"job{i:06d}").beat())
         head = (b"t" * 32, b"3", b"6000")
-        segment = calls.encode_beat(head, 17, 16, [0, 3, 5], [1_733_000_000_123, 42, 100])
-        beats.append((keys, segment))
+        values = [1_733_000_000_123, 42, 100]
+        segment = calls.encode_beat(head, 17, 16, [0, 3, 5], values, every_key=False)
+        beats.append((calls.beat_keys(keys, segment), segment))  # as the worker: state, alive
     command = calls.beat_command(beats)
     command.append(1_733_000_000)  # the argument clock's time
     return command

@@ -282,15 +282,13 @@ def _findings(
             f"Bytes per beat: {b2b['jobpulse']['bytes']:.0f} vs the seed's "
             f"{b2b['seed']['bytes']:.0f} (goal ≤ 0.8x; before the diet 464). Done: only the "
             "fields that changed, one integer as the reply, the event arguments only on a beat "
-            "with an entry. Left: four keys that each repeat the namespace and the job id "
-            "(~120 bytes: the contract's key schema, and a script must be given every key it "
-            "touches) and the 40-byte SHA; in a batch the SHA is shared. Would take: keys the "
-            "script derives (undeclared: refused by Cluster and Dragonfly), or Redis Functions "
-            "(`FCALL` by a short name instead of a SHA; Redis 7+ only). Computed for one job's "
-            "beat (namespace `goals`, a 10-character id, not built): `FCALL` by a 6-character "
-            "name saves 37 bytes a call, sending only state and alive on the regular "
-            "path (events and fence only when a beat needs them, an answer 'resend with every "
-            "key' before any write otherwise) 63, both 100: about 0.73x the seed's."
+            "with an entry, only the keys the regular path touches (state, alive; a beat "
+            "that needs more answers 'resend with every key' before any write). Left: two "
+            "keys that each repeat the namespace and the job id (~60 bytes: the contract's "
+            "key schema, and a script must be given every key it touches) and the 40-byte "
+            "SHA; in a batch the SHA is shared. Would take: keys the script derives "
+            "(undeclared: refused by Cluster and Dragonfly), or Redis Functions (`FCALL` by a "
+            "short name instead of a SHA; Redis 7+ only: 37 bytes a call for one job's beat)."
         )
     cap = data.get("capacity") or {}
     best = (cap.get("jobpulse") or {}).get("best")

@@ -169,6 +169,7 @@ async def run_naive(url: str, n: int, interval: float, meter: Meter, ready: asyn
 
     async def job(i: int, started: asyncio.Event) -> None:
         keys = schema.job(f"{prefix}-n{i:06d}").all()
+        beat_keys = schema.job(f"{prefix}-n{i:06d}").beat()
         token = secrets.token_hex(8)
         try:
             reply = await client.evalsha(SCRIPTS.acquire.sha, len(keys), *keys, token, ttl_ms, 1000,
@@ -186,9 +187,11 @@ async def run_naive(url: str, n: int, interval: float, meter: Meter, ready: asyn
             fields = {"done": done, "total": 1000000, "stage": "", "rate": "0", "loop_lag_ms": "0"}
             event = (kind, "", 1000) if kind else None
             segment = calls.beat_segment(
-                token=token, fence=fence, ttl_ms=ttl_ms, seq=seq, fields=fields, event=event
-            )
-            r = await client.execute_command(*calls.beat_command([(keys, segment)]))
+                token=token, fence=fence, ttl_ms=ttl_ms, seq=seq, fields=fields, event=event,
+                every_key=False,
+            )  # fmt: skip
+            sent = calls.beat_keys(beat_keys, segment)  # as the worker: state, alive (events)
+            r = await client.execute_command(*calls.beat_command([(sent, segment)]))
             return int(r[0]) >= 0
 
         await _paced(beat, interval, meter, stop)

@@ -38,7 +38,8 @@ def written(seq: int = 0, cancel: bool = False) -> BeatReply:
 
 def parse(args: list[Any]) -> tuple[int, dict[str, str], tuple[Any, ...] | None, list[Any]]:
     """A beat command as (seq, fields sent, event (kind, details, maxlen) or None, pairs)."""
-    assert args[0] == len(args) - 1  # the segment's length, then token fence ttl
+    # the segment's length (negated: sent with the regular path's keys), then token fence ttl
+    assert abs(args[0]) == len(args) - 1
     seq, names, rest = args[4], args[6], args[7:]  # (args[5]: landed)
     digits = names.lstrip("~=").rstrip("+")
     fields = {calls.BEAT_FIELDS[int(d) - 1]: rest[i] for i, d in enumerate(digits)}
@@ -107,6 +108,39 @@ def test_seq_behind_jumps_forward_and_resends_at_once() -> None:
     assert m.seq == 40
     assert m.due == 101.0
     assert parse(m.next_beat(101.0, 0.0, SAMPLE, 0, None))[0] == 41
+
+
+def test_a_regular_beat_sends_state_and_alive_and_an_entry_adds_events() -> None:
+    m = machine()
+    keys = m.schema.job("job")
+    regular = m.next_beat(101.0, 0.0, SAMPLE, 0, None)
+    assert regular[0] == 1 - len(regular)  # negated: the regular path's keys only
+    assert m.beat_keys == (keys.state.encode(), keys.alive.encode())
+    m.replied(101.0, written(), ended=False)
+    m.add_checkpoint("{}", "h", now=101.5)
+    checkpoint = m.next_beat(101.5, 0.0, SAMPLE, 0, None)
+    assert parse(checkpoint)[2] == ("checkpoint", "{}", 1000)
+    assert m.beat_keys == tuple(k.encode() for k in (keys.state, keys.alive, keys.events))
+
+
+def test_resend_keys_sends_the_same_beat_at_once_with_every_key() -> None:
+    m = machine()
+    m.add_checkpoint('{"a":1}', "h", now=101.0)
+    first = m.next_beat(101.0, 0.0, SAMPLE, 0, None)
+    verdict = m.replied(101.0, BeatReply(BeatCode.RESEND_KEYS, False, 0, 0), ended=False)
+    assert (verdict.lost, verdict.resolved, verdict.failed) == (None, None, [])
+    assert m.due == 101.0
+    assert m.ready
+    again = m.next_beat(101.0, 0.0, SAMPLE, 0, None)
+    assert again[0] == len(again) - 1  # every key
+    assert m.beat_keys == tuple(k.encode() for k in m.schema.job("job").beat())
+    assert parse(again)[0] == parse(first)[0]  # same seq: a replay-safe retry
+    assert parse(again)[2] == parse(first)[2] == ("checkpoint", '{"a":1}', 1000)
+    retaken = m.replied(101.1, BeatReply(BeatCode.RETAKEN, False, 5000, 0), ended=False)
+    assert retaken.resolved == "h"
+    after = m.next_beat(102.0, 0.0, SAMPLE, 0, None)
+    assert after[0] < 0  # back to the regular path's keys
+    assert parse(after)[0] == parse(first)[0] + 1
 
 
 def test_resend_static_after_data_loss() -> None:
@@ -432,9 +466,9 @@ def test_beats_are_batched_per_call_and_per_hash_slot_on_a_cluster() -> None:
     single = beat_calls(beats, None)  # type: ignore[type-var]
     assert [len(js) for js, _ in single] == [BATCH, 6]
     command = single[1][1]
-    assert command[:3] == ["EVALSHA", calls.SCRIPTS.beat.sha, 24]  # 4 keys per job
-    assert command[3:7] == list(jobs[BATCH].machine.beat_keys)
-    assert command[27:] == [*beats[BATCH][1], *[a for _, seg in beats[BATCH + 1 :] for a in seg]]
+    assert command[:3] == ["EVALSHA", calls.SCRIPTS.beat.sha, 12]  # state, alive per job
+    assert command[3:5] == list(jobs[BATCH].machine.beat_keys)
+    assert command[15:] == [*beats[BATCH][1], *[a for _, seg in beats[BATCH + 1 :] for a in seg]]
     by_slot = beat_calls(beats, lambda key: len(key) % 2)  # type: ignore[type-var]
     for group, _command in by_slot:
         assert len({len(job.machine.beat_keys[0]) % 2 for job in group}) == 1

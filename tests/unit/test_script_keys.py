@@ -3,7 +3,9 @@
 Dragonfly (and Redis Cluster, and any server that locks or routes by declared keys) runs a
 script only against the keys passed in ``KEYS``; a key built inside the script, or taken from
 ``ARGV``, would be undeclared. Checked on the assembled text, which is what runs. A batch
-(``beat.lua``) names job j's keys ``KEYS[k + n]``, ``k`` = 5 * j: declared keys all the same.
+(``beat.lua``) names a job's keys ``KEYS[k + n]``, ``k`` the count of the earlier jobs' keys
+(2 to 4 each): declared keys all the same. That no path reads a key its beat did not send is
+``tests/integration/test_beat_keys.py``'s (run on a cluster too).
 """
 
 from __future__ import annotations

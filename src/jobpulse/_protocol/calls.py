@@ -42,6 +42,7 @@ __all__ = [
     "acquire",
     "beat",
     "beat_command",
+    "beat_keys",
     "beat_segment",
     "encode_beat",
     "beats",
@@ -79,6 +80,7 @@ class BeatCode(enum.IntEnum):
     RESEND_STATIC = 3  # the snapshot lost writes that landed: nothing written, resend every field
     TAKEN_OVER = -1  # another token holds the lease
     FENCED_OUT = -2  # the fence moved on
+    RESEND_KEYS = -3  # a beat of the regular path's keys needs the fence: nothing written, resend
 
 
 class FinishCode(enum.IntEnum):
@@ -166,6 +168,7 @@ def encode_beat(
     event: tuple[str, str, int] | None = None,
     pairs: Sequence[Any] = (),
     done_moved: bool | None = True,
+    every_key: bool = True,
 ) -> list[Any]:
     """One job's segment of a ``beat.lua`` call, its length first: THE beat encoder (the
     tickers' machines, :func:`beat_segment`, tests and benchmarks all build beats with it).
@@ -177,7 +180,10 @@ def encode_beat(
     written as they are (static fields, the checkpoint); ``done_moved``, when ``done`` is sent:
     True, it moved (``progress_ms`` moves); False, it is sent unchanged (with a stream entry:
     names prefixed ``=``, ``progress_ms`` stays); None, the worker does not know the stored
-    value (names prefixed ``~``: the script compares before it moves ``progress_ms``)."""
+    value (names prefixed ``~``: the script compares before it moves ``progress_ms``);
+    ``every_key``: the beat is sent with every key of :meth:`JobKeys.beat`, else (its length
+    negated) with the first two, or three with ``event`` (:func:`beat_keys` picks them); such a
+    beat answers :attr:`BeatCode.RESEND_KEYS` when it needs the fence."""
     sent_done = bool(present) and present[0] == 0
     mark = "" if done_moved or not sent_done else "~" if done_moved is None else "="
     names = mark + "".join([BEAT_DIGITS[i] for i in present])
@@ -185,8 +191,17 @@ def encode_beat(
     if event:
         segment += event
     segment += pairs
-    segment[0] = len(segment) - 1
+    segment[0] = len(segment) - 1 if every_key else 1 - len(segment)
     return segment
+
+
+def beat_keys(keys: Sequence[Any], segment: Sequence[Any]) -> tuple[Any, ...]:
+    """The keys a beat ``segment`` sends, of one job's keys in ``beat.lua``'s order
+    (:meth:`~jobpulse._protocol.keys.JobKeys.beat`): all four, or state and alive (and events
+    when the segment carries a stream entry) when it was encoded without ``every_key``."""
+    if int(segment[0]) > 0:
+        return tuple(keys)
+    return tuple(keys[:3] if str(segment[6]).endswith("+") else keys[:2])
 
 
 def beat_segment(
@@ -199,23 +214,28 @@ def beat_segment(
     fields: dict[str, Any],
     event: tuple[str, str, int] | None = None,
     pairs: Sequence[Any] = (),
+    every_key: bool = True,
 ) -> list[Any]:
     """:func:`encode_beat` by field names, for tests, tools and benchmarks. ``fields``: the
     dynamic fields to write (names of :data:`BEAT_FIELDS`; with ``event``, done, total and
     stage are expected); ``landed``: by default ``seq - 1`` (the beat before this one landed);
-    0 for a beat that carries every field (no check)."""
+    0 for a beat that carries every field (no check); ``every_key``: as for
+    :func:`encode_beat` (False: the worker's regular beat, its keys picked by
+    :func:`beat_keys`)."""
     unknown = set(fields) - set(BEAT_FIELDS)
     if unknown:
         raise ValueError(f"unknown beat field(s): {', '.join(sorted(unknown))}")
     present = [i for i, name in enumerate(BEAT_FIELDS) if name in fields]
     values = [fields[BEAT_FIELDS[i]] for i in present]
     landed = seq - 1 if landed is None else landed
-    return encode_beat((token, fence, ttl_ms), seq, landed, present, values, event, pairs)
+    head = (token, fence, ttl_ms)
+    return encode_beat(head, seq, landed, present, values, event, pairs, True, every_key)
 
 
 def beat_command(beats: Sequence[tuple[Sequence[Any], Sequence[Any]]]) -> list[Any]:
-    """The ``EVALSHA`` of a batch of beats: ``(keys, segment)`` per job, the keys those of
-    ``JobKeys.all()`` (on a cluster, all of one hash slot)."""
+    """The ``EVALSHA`` of a batch of beats: ``(keys, segment)`` per job, the keys those the
+    segment sends (:func:`beat_keys`: in ``JobKeys.beat()``'s order; on a cluster, all of one
+    hash slot)."""
     keys: list[Any] = []
     args: list[Any] = []
     for job_keys, segment in beats:
@@ -225,8 +245,8 @@ def beat_command(beats: Sequence[tuple[Sequence[Any], Sequence[Any]]]) -> list[A
 
 
 def beat(keys: tuple[str, ...], segment: Sequence[Any]) -> Call[BeatReply]:
-    """The beat of one job (a batch of one): ``segment`` from :func:`beat_segment`. A command
-    error of the job is raised."""
+    """The beat of one job (a batch of one): ``keys`` those of ``JobKeys.all()``, ``segment``
+    from :func:`beat_segment`. A command error of the job is raised."""
 
     def one(reply: Any) -> BeatReply:
         (answer,) = decode_beats(reply)
@@ -234,21 +254,28 @@ def beat(keys: tuple[str, ...], segment: Sequence[Any]) -> Call[BeatReply]:
             raise answer
         return answer
 
-    return Call(SCRIPTS.beat, keys, tuple(segment), one)
+    return Call(SCRIPTS.beat, *_beat_batch([(keys, segment)]), one)
 
 
 def beats(
     batch: Sequence[tuple[Sequence[Any], Sequence[Any]]],
 ) -> Call[list[BeatReply | Exception]]:
-    """The beats of several jobs in one call (``(keys, segment)`` per job, see
-    :func:`beat_command`)."""
-    command = beat_command(batch)
-    return Call(
-        SCRIPTS.beat,
-        tuple(command[3 : 3 + command[2]]),
-        tuple(command[3 + command[2] :]),
-        decode_beats,
-    )
+    """The beats of several jobs in one call (``(keys, segment)`` per job, the keys those of
+    ``JobKeys.all()``: each job sends those its segment names, see :func:`beat_keys`)."""
+    keys, args = _beat_batch(batch)
+    return Call(SCRIPTS.beat, keys, args, decode_beats)
+
+
+def _beat_batch(
+    batch: Sequence[tuple[Sequence[Any], Sequence[Any]]],
+) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+    """One batch's keys and arguments, from each job's ``JobKeys.all()`` and segment."""
+    keys: list[Any] = []
+    args: list[Any] = []
+    for (state, events, alive, fence), segment in batch:
+        keys += beat_keys((state, alive, events, fence), segment)
+        args += segment
+    return tuple(keys), tuple(args)
 
 
 def _decode_acquire(reply: Any) -> AcquireReply:

@@ -54,6 +54,11 @@ class JobKeys:
     def all(self) -> tuple[str, str, str, str]:
         return (self.state, self.events, self.alive, self.fence)
 
+    def beat(self) -> tuple[str, str, str, str]:
+        """The keys in ``beat.lua``'s order: state, alive, events, fence. A beat sends all four,
+        or only the first two (its regular path), or the first three (with a stream entry)."""
+        return (self.state, self.alive, self.events, self.fence)
+
 
 @dataclass(frozen=True, slots=True)
 class AliveValue:

@@ -186,7 +186,12 @@ class BeatMachine(Generic[H]):
         # replay and the checkpoint is recorded once
         self._replay: tuple[int, tuple[str, H]] | None = None
         self.beat_head: tuple[bytes, ...] = ()  # token, fence, ttl_ms: a segment's 2nd-4th
+        # the keys of the beat being built: state and alive, plus events with a stream entry,
+        # or every key (``_every_key``) after beat.lua answered RESEND_KEYS
         self.beat_keys: tuple[bytes, ...] = ()
+        self._keys: tuple[bytes, ...] = ()  # every key, in beat.lua's order
+        self._every_key = False
+        self._same_seq = False  # the next beat reuses the seq (a resend with every key)
         # the dynamic values the snapshot is known to hold (None: unknown, sent next beat) and
         # (values, indexes sent, seq reused) of the beat in flight
         self._known: list[str | None] = [None] * len(_ALL)
@@ -237,7 +242,8 @@ class BeatMachine(Generic[H]):
         self.started_ms = reply.started_ms
         self.lease = Lease(self.cfg.ttl, sent_at)
         # What every beat carries unchanged, encoded once (redis-py passes bytes through).
-        self.beat_keys = tuple(k.encode() for k in self.keys)
+        self._keys = tuple(k.encode() for k in self.schema.job(self.job_id).beat())
+        self.beat_keys = self._keys
         self.beat_head = tuple(str(x).encode() for x in (self.token, self.fence, self.cfg.ttl_ms))
         self._known = [None] * len(_ALL)  # the first beat sends every field
         self.due = sent_at + self.cfg.interval
@@ -313,6 +319,8 @@ class BeatMachine(Generic[H]):
         self.lease.tried(now)
         replay, self._replay = self._replay, None
         reused = bool(replay and checkpoint is replay[1] and self.seq == replay[0])
+        if self._same_seq:  # the resend of a beat that wrote nothing (RESEND_KEYS)
+            reused, self._same_seq = True, False
         if not reused:
             self.seq += 1
         values = self._dynamic(done, total, sample, lag, now)
@@ -337,8 +345,10 @@ class BeatMachine(Generic[H]):
         # beat, after a failure or a resend): beat.lua then compares with the stored one
         known = self._known[0]
         moved = None if known is None else values[0] != known
+        every = self._every_key
+        self.beat_keys = self._keys if every else self._keys[:3] if kind else self._keys[:2]
         return calls.encode_beat(
-            self.beat_head, self.seq, landed, present, sent, event, pairs, moved
+            self.beat_head, self.seq, landed, present, sent, event, pairs, moved, every
         )
 
     def index_due(self) -> bool:
@@ -364,6 +374,16 @@ class BeatMachine(Generic[H]):
         if ended:
             return verdict
         handle = inflight[1][1] if inflight and inflight[1] else None
+        if reply.code is BeatCode.RESEND_KEYS:
+            # nothing was written (alive is missing: a re-take reads the fence, not sent): the
+            # same beat again at once, same seq, with every key
+            self._every_key = self._same_seq = True
+            self._requeue(inflight)
+            if inflight is not None and inflight[0] == "beat":  # its periodic entry too
+                self._last_event_beat = self.beats - self.cfg.stream_every
+            self.due = sent_at
+            return verdict
+        self._every_key = False
         if reply.code < 0:
             verdict.lost = self.lose(_LOST_CAUSE.get(reply.code, LeaseLostCause.FENCED_OUT))
             if handle is not None:

@@ -4,7 +4,7 @@
 
   Scripts that check the lease (beat, finish) include _owner before it.
 
-  Every per-job script takes the same four keys:
+  Every per-job script takes the same four keys (beat.lua: its own order, see its header):
     KEYS[1] state hash    KEYS[2] events stream    KEYS[3] alive string    KEYS[4] fence counter
 
   `alive` is the liveness key and the lease in one: its value is

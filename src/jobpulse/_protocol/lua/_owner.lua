@@ -1,24 +1,21 @@
 --[[ _owner.lua — the lease owner check, prepended (by scripts.py) to the scripts that write as
   the lease holder (beat, finish). Kept apart from _lib.lua so that the beat, which runs most
-  often, assembles only what it calls. Keys as in _lib.lua, from KEYS[k + 1] (k: 0 for the
-  scripts of one job; 4 * j for the job j of a batch of beats): k + 1 state, k + 3 alive,
-  k + 4 fence. The lease is `alive` itself: its value is "<token>:<fence>:<seq>:<cancel>"
-  (see _lib.lua); the caller writes it.
-]]
+  often, assembles only what it calls. Keys from KEYS[k + 1] (k: 0 for finish.lua; the job's
+  first key for a job of a batch of beats): k + 1 state, k + 4 fence (read only when alive is
+  missing). The lease is `alive` itself: its value is "<token>:<fence>:<seq>:<cancel>" (see
+  _lib.lua); the caller reads it and writes it.
 
---[[ alive's value, read with GETEX (no option: it changes nothing, and costs what GET does).
+  The caller reads alive with GETEX (no option: it changes nothing, and costs what GET does).
   GETEX is a write command that is not deny-oom, so it marks the script as one that has
   written: a server at `maxmemory` with `noeviction` refuses a deny-oom command (HSET, SET,
   XADD) only as a flag-less script's first write (Redis 6.2+, Valkey), so the beat and the
   final write still land while Redis is full (docs/reliability.md), as they did when the
-  lease's PEXPIRE came first. ]]
-local function owned_read(k)
-  return redis.call('GETEX', KEYS[k + 3])
-end
+  lease's PEXPIRE came first.
+]]
 
 --[[ Is (token, fence) still the owner of the job? `fence_text` is the decimal the worker sent
   (a fence can be above 1e14, which Lua's `..` of a number would write in exponent form);
-  `held`: alive's value when the caller read it already (else nil: read here). Writes nothing
+  `held`: alive's value as the caller read it (false: missing). Writes nothing
   but a missing fence counter (re-created on a re-take); the caller renews or re-writes alive.
   Returns  1  alive holds our token and fence
            2  alive had expired (or Redis lost it) and nobody claimed the job: the caller
@@ -28,7 +25,6 @@ end
           -2  the fence moved past ours, or the job already ended (fenced out)
 ]]
 local function owner(token, fence_text, k, held)
-  if held == nil then held = owned_read(k) end
   if held then
     local prefix = token .. ':' .. fence_text .. ':'
     -- Nobody can move the fence while our alive key exists: acquire and claim both require it

@@ -3,11 +3,16 @@
   liveness and (sometimes) a checkpoint entry. Every job is checked on its own (owner, fence,
   seq) and answered on its own; the server time is read once for the whole batch.
 
-  KEYS  4 per job: job j (0-based) has KEYS[4j+1 .. 4j+4] = state, events, alive, fence
-        (see _lib.lua); all in one hash slot on a cluster (a batch there is one job, or jobs
-        whose ids share a slot)
+  KEYS  2 to 4 per job, in this order (not _lib.lua's): state, alive, events, fence: every key
+        (all 4) unless the job's `n` is negative; then only state and alive, plus events when
+        the beat carries a stream entry (its names end with '+'). A beat with a negative `n`
+        that needs the fence (alive missing: a re-take reads it, and may write it) answers -3
+        before any write, and the worker sends that beat again at once with every key and the
+        same seq. Job j's keys follow job j-1's; all in one hash slot on a cluster (a batch
+        there is one job, or jobs whose ids share a slot). No key is touched unless it was sent.
   ARGV  one segment per job, in the order of the keys:
-    n      how many arguments of this job follow (the segment's length after n)
+    n      how many arguments of this job follow (the segment's length after n); negative
+           (-length) when the job sent only the keys its regular path touches (see KEYS)
     token  fence  ttl_ms  seq
     landed the highest seq the worker knows the snapshot holds (its last beat answered written,
            or the acquire's), or 0 when this beat carries every field and the static ones
@@ -28,7 +33,7 @@
 
   Returns an array, one element per job:
     an integer now_ms * 8 + code * 2 + cancel (code 1, 2 or 3), or the code alone when
-    refused (-1, -2), or {0, cancel, now_ms, snapshot_seq} when the snapshot holds a seq > ours
+    refused (-1, -2) or sent back (-3), or {0, cancel, now_ms, snapshot_seq} when the snapshot holds a seq > ours
     (lease renewed, nothing else written), or an error reply when a command failed for this
     job (the others are unaffected):
     code  1 written; 2 written, lease re-taken after it expired;
@@ -43,27 +48,36 @@
           (alive's cancel flag is written back into the snapshot, here and on the slow path);
           a replay of a beat that was written (same seq) answers as written (1), writing
           nothing again;
-          -1 taken over; -2 fenced out (nothing written in either case)
+          -1 taken over; -2 fenced out (nothing written in either case);
+          -3 resend with every key: the beat sent only state and alive (and events), but alive
+             is missing, so the fence must be read (a re-take). Nothing was written (answered
+             before any write, and before the snapshot is read); a replay answers -3 again
+             while alive is missing. The worker resends the beat at once, same seq, every key
     cancel 1 when a cancel was requested for the job
 
   `alive` carries the snapshot's seq and the cancel flag ("<token>:<fence>:<seq>:<cancel>",
   written by the same scripts that write the snapshot's seq and cancel, so a restart or a
   failover restores the two together). The regular path (alive holds our token and fence,
   landed > 0) reads them there: GETEX alive (a GET that counts as a write: see _owner.lua),
-  one HSET, SET alive (the new seq, PX ttl); TIME once per call, first. The slow path (alive missing: a re-take; landed 0: a full resend) reads
-  the snapshot's seq, cancel and done with one HMGET, as the check against them.
+  one HSET, SET alive (the new seq, PX ttl); TIME once per call, first. The slow path (alive
+  missing: a re-take, sent with every key; landed 0: a full resend) reads the snapshot's seq,
+  cancel and done with one HMGET, as the check against them.
 ]]
 local FIELDS = {'done', 'total', 'stage', 'rate', 'eta_s', 'rss_bytes', 'cpu_s', 'loop_lag_ms'}
 local now = now_ms()
 
--- The beat of the job whose keys start after KEYS[k] and whose segment is ARGV[a .. last].
-local function beat(k, a, last)
+-- The beat of the job whose keys start after KEYS[k] (state, alive, events, fence; `every`:
+-- all four were sent, else events only with an entry, and no fence) and whose segment is
+-- ARGV[a .. last].
+local function beat(k, every, a, last)
   local fence = ARGV[a + 1]
   local ttl = ARGV[a + 2]
   local seq = tonumber(ARGV[a + 3])
   local landed = tonumber(ARGV[a + 4])
-  local held = owned_read(k)
-  local code = owner(ARGV[a], fence, k, held or false)
+  local held = redis.call('GETEX', KEYS[k + 2]) -- alive (GETEX: see _owner.lua)
+  -- a re-take reads (and may write) the fence, which this beat did not send: before any write
+  if not held and not every then return -3 end
+  local code = owner(ARGV[a], fence, k, held)
   if code < 0 then return code end
 
   local prefix = ARGV[a] .. ':' .. fence .. ':'
@@ -87,7 +101,7 @@ local function beat(k, a, last)
   end
 
   local function renew(at) -- alive: our token and fence, the snapshot's seq, cancel; PX ttl
-    redis.call('SET', KEYS[k + 3], prefix .. at .. ':' .. cancel, 'PX', ttl)
+    redis.call('SET', KEYS[k + 2], prefix .. at .. ':' .. cancel, 'PX', ttl)
   end
   if seq < current then
     renew(current)
@@ -187,22 +201,28 @@ local function beat(k, a, last)
       entry[#entry + 1] = 'details'
       entry[#entry + 1] = ARGV[at + 1]
     end
-    redis.call('XADD', KEYS[k + 2], 'MAXLEN', '~', ARGV[at + 2], '*', unpack(entry))
+    redis.call('XADD', KEYS[k + 3], 'MAXLEN', '~', ARGV[at + 2], '*', unpack(entry))
   end
   if code == 3 then code = 2 end -- a beat of every field, into an empty snapshot: re-taken
   return now * 8 + code * 2 + cancel
 end
 
 local out = {}
-local a = 1
-for j = 0, #KEYS / 4 - 1 do
+local a, k, j = 1, 0, 1
+while k < #KEYS do -- (not #ARGV: argument time appends the clock after the last segment)
   local n = tonumber(ARGV[a])
-  local ok, reply = pcall(beat, 4 * j, a + 1, a + n)
-  if ok then
-    out[j + 1] = reply
-  else -- a failed command of this job (its earlier writes stay: the worker resends them)
-    out[j + 1] = redis.error_reply(tostring(reply.err or reply))
+  local every, count = n > 0, 4
+  if not every then
+    n = -n
+    count = 2
+    if string.byte(ARGV[a + 6], -1) == 43 then count = 3 end -- '+': an entry, events sent
   end
-  a = a + n + 1
+  local ok, reply = pcall(beat, k, every, a + 1, a + n)
+  if ok then
+    out[j] = reply
+  else -- a failed command of this job (its earlier writes stay: the worker resends them)
+    out[j] = redis.error_reply(tostring(reply.err or reply))
+  end
+  a, k, j = a + n + 1, k + count, j + 1
 end
 return out

@@ -48,7 +48,7 @@ end
 -- and `alive` are the new attempt's, and our `end` entry in the stream says we wrote it.
 local ended = redis.call('HMGET', KEYS[1], 'status', 'fence')
 if ended[1] and ended[1] ~= 'RUNNING' and tonumber(ended[2]) == fence then return {0, 0} end
-local code = owner(ARGV[1], ARGV[2], 0)
+local code = owner(ARGV[1], ARGV[2], 0, redis.call('GETEX', KEYS[3])) -- see _owner.lua
 if code < 0 then
   if tonumber(ended[2]) and tonumber(ended[2]) > fence and ended_by_us() then return {0, 0} end
   return {code, 0}
