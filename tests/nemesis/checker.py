@@ -106,9 +106,13 @@ class _Index:
             self.windows.append(("gil", g["pid"], g["start"], g["end"]))
         self.acquired: dict[tuple[str, int], Record] = {}
         self.by_attempt: dict[tuple[str, int], Record] = {}
+        self.acquires: dict[str, list[Record]] = defaultdict(list)  # a job's, by fence
         for a in self.by_op["acquire"]:
             self.acquired[(a["job"], a["fence"])] = a
             self.by_attempt[(a["job"], a["attempt"])] = a
+            self.acquires[a["job"]].append(a)
+        for runs in self.acquires.values():
+            runs.sort(key=lambda a: a["fence"])
         self.reads: dict[str, list[Record]] = defaultdict(list)
         for r in self.by_op["read"]:
             self.reads[r["job"]].append(r)
@@ -117,6 +121,13 @@ class _Index:
             self.done.setdefault((r["job"], r["fence"]), r)
 
     # -- helpers
+    def _claimed(self, d: Record) -> Record | None:
+        """The acquire of the attempt the claim ``d`` took over: the job's last acquire under a
+        fence below the claim's (a claim moves the fence past its attempt's). Not by attempt
+        number: after a data loss the job starts again from attempt 1 under a newer fence."""
+        below = [a for a in self.acquires.get(d["job"], ()) if a["fence"] < d["fence"]]
+        return below[-1] if below else self.by_attempt.get((d["job"], d["attempt"]))
+
     def _excused(self, pid: int, lo: float, hi: float, *, sidecar: bool = False) -> bool:
         """A fault of EXCUSE_STALE on ``pid`` or on every worker overlaps [lo, hi], stretched
         by ttl + grace after its end (a GIL hold not for a job the sidecar beats)."""
@@ -177,12 +188,13 @@ class _Index:
 
     def claimed_once(self) -> Iterable[Violation]:
         fences: dict[tuple[str, int], list[Record]] = defaultdict(list)
-        for d in self.by_op["deliver"]:
-            fences[(d["job"], d["attempt"])].append(d)
-        for (job, attempt), ds in fences.items():
+        for d in self.by_op["deliver"]:  # one attempt: its acquire's fence (or its number)
+            acq = self._claimed(d)
+            fences[(d["job"], acq["fence"] if acq else -d["attempt"])].append(d)
+        for (job, _), ds in fences.items():
             if len({d["fence"] for d in ds}) > 1:
                 yield Violation("claimed-once",
-                                f"attempt {attempt} of job {job} claimed more than once "
+                                f"attempt {ds[0]['attempt']} of job {job} claimed more than once "
                                 f"(fences {sorted({d['fence'] for d in ds})})", ds)  # fmt: skip
 
     def delivered_until_acked(self) -> Iterable[Violation]:
@@ -200,10 +212,14 @@ class _Index:
                             "acknowledged and not delivered again until it was", [d])  # fmt: skip
 
     def dead_job_claimed(self) -> Iterable[Violation]:
-        delivered = {(d["job"], d["attempt"]) for d in self.by_op["deliver"]}
+        delivered = set()  # the attempts claimed: (job, acquire fence)
+        for d in self.by_op["deliver"]:
+            acq = self._claimed(d)
+            if acq is not None:
+                delivered.add((d["job"], acq["fence"]))
         reach = self.lim.ttl + self.lim.claim_within
         for acq, k in self._held_at_death():
-            if k + reach > self.end_faults or (acq["job"], acq["attempt"]) in delivered:
+            if k + reach > self.end_faults or (acq["job"], acq["fence"]) in delivered:
                 continue
             if any(a["job"] == acq["job"] and a["fence"] > acq["fence"] and a["t"] <= k + reach
                    for a in self.by_op["acquire"]):  # fmt: skip
@@ -219,7 +235,7 @@ class _Index:
 
     def fenced_out_never_writes(self) -> Iterable[Violation]:
         for d in self.by_op["deliver"]:
-            acq = self.by_attempt.get((d["job"], d["attempt"]))
+            acq = self._claimed(d)
             if acq is not None:
                 for w in self.by_op["checkpoint"] + self.by_op["final"]:
                     if (w["job"], w["fence"]) == (d["job"], acq["fence"]) and w["t0"] > d["t"]:
@@ -396,7 +412,7 @@ class _Index:
                     [*missing, f, d],
                 )
         for dl in self.by_op["deliver"]:
-            acq = self.by_attempt.get((dl["job"], dl["attempt"]))
+            acq = self._claimed(dl)
             mine = [c for c in cps[(dl["job"], acq["fence"])] if c["t"] < dl["t"]] if acq else []
             if not mine:
                 continue

@@ -264,3 +264,25 @@ def test_a_completed_task_may_run_again_only_if_its_delivery_came_back() -> None
     assert rules_of(_queue(acked, fault("rollback", "redis", 0.5, 0.6))) == [
         "queue-completed-not-rerun"
     ]
+
+
+def test_a_job_run_again_from_attempt_1_after_a_data_loss_is_another_attempt() -> None:
+    """A restart that lost the data starts the job again from attempt 1 under a newer fence:
+    its claim is not the first attempt's claimed twice, and its writes after the first claim
+    are not the fenced-out attempt's (an attempt is its acquire's fence, not its number)."""
+    h = clean()
+    h += [
+        fault("restart", "redis", 18.0, 18.0),
+        rec(19.0, "acquire", W3, job="k", fence=20, attempt=1, t0=18.9),
+        rec(20.0, "checkpoint", W3, job="k", fence=20, n=2, t0=19.9),
+        fault("kill", W3, 21.0, 21.0),
+        rec(27.0, "deliver", S, job="k", attempt=1, fence=21, checkpoint=2),
+        rec(27.1, "ack", S, job="k", attempt=1, fence=21),
+    ]
+    assert rules_of(h) == []
+    twice = [
+        *clean(),
+        rec(17.5, "deliver", S, job="k", attempt=1, fence=11, checkpoint=4),
+        rec(17.6, "ack", S, job="k", attempt=1, fence=11),
+    ]
+    assert rules_of(twice) == ["claimed-once"]  # the same attempt (fence 9) claimed again
