@@ -6,6 +6,8 @@ the code under test. Every fault is a setting a test flips while traffic flows:
 * ``latency`` / ``jitter`` (seconds): added before each chunk of replies is forwarded;
 * ``blackhole``: connections stay open, no byte is forwarded either way (buffered until lifted);
 * ``reset()``: every open connection is aborted (RST), new ones are accepted;
+* a connection the server closes (its restart) is closed to the client too, as without the
+  proxy (never a half-open link);
 * ``read_rate`` (bytes/s): replies trickle to the client (slow reads);
 * ``refuse_blocking_reads``: ``XREAD … BLOCK`` is answered with an error, as by a server that
   serves only non-blocking reads (Upstash); every other command passes unchanged. The proxy
@@ -186,17 +188,23 @@ class FaultProxy:
             raise
         self._writers |= {c_writer, u_writer}
         conn = _Conn()
+        pipes = [
+            asyncio.ensure_future(self._pipe(c_reader, u_writer, to_client=False, conn=conn)),
+            asyncio.ensure_future(self._pipe(u_reader, c_writer, to_client=True, conn=conn)),
+        ]
         try:
-            await asyncio.gather(
-                self._pipe(c_reader, u_writer, to_client=False, conn=conn),
-                self._pipe(u_reader, c_writer, to_client=True, conn=conn),
-            )
-        except (OSError, asyncio.IncompleteReadError):
-            pass
+            # Either side closing closes the other, as on a direct connection: a server that
+            # stops (a restart) closes its clients' connections. Waiting for both would leave
+            # the client a half-open link, where a client without a socket timeout (kombu's
+            # default) waits forever for the reply to its next command.
+            await asyncio.wait(pipes, return_when=asyncio.FIRST_COMPLETED)
         finally:
             for w in (c_writer, u_writer):
                 self._writers.discard(w)
                 w.transport.abort()
+            for p in pipes:
+                p.cancel()
+            await asyncio.gather(*pipes, return_exceptions=True)
 
     async def _pipe(
         self,

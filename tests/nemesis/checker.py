@@ -295,10 +295,17 @@ class _Index:
             best[key] = r
 
     def _executions(self) -> dict[str, list[tuple[Record, float, Record | None]]]:
+        """Each task's runs: (exec_start, when it stopped, its exec_end or None). A run's end is
+        the first exec_end of the task in the same process after its start: one pool child may
+        run the same task twice (a delivery kombu restored and the node received again)."""
         runs: dict[str, list[tuple[Record, float, Record | None]]] = defaultdict(list)
-        ends = {(e["task"], e["pid"]): e for e in self.by_op["exec_end"]}
+        ends: dict[tuple[str, int], list[Record]] = defaultdict(list)
+        for e in self.by_op["exec_end"]:
+            ends[(e["task"], e["pid"])].append(e)
         for s in self.by_op["exec_start"]:
-            e = ends.get((s["task"], s["pid"]))
+            e = next((x for x in ends[(s["task"], s["pid"])] if x["t"] >= s["t"]), None)
+            if e is not None:
+                ends[(s["task"], s["pid"])].remove(e)
             stop = e["t"] if e else self.killed.get(s["pid"], self.end)
             runs[s["task"]].append((s, stop, e))
         return runs
@@ -319,23 +326,27 @@ class _Index:
         back on the queue when it closed the node's channel (a lost connection: running tasks'
         deliveries too): at-least-once delivery, which no heartbeat changes."""
         for task, runs in self._executions().items():
-            done = [e for _, _, e in runs if e is not None and e["outcome"] == "completed"]
+            done = [(s, e) for s, _, e in runs if e is not None and e["outcome"] == "completed"]
             for s, _, _ in runs:
-                first = [e for e in done if e["t"] < s["t"]][:1]
-                if first and not self._redelivered(first[0], s):
+                first = [(r, e) for r, e in done if e["t"] < s["t"]][:1]
+                if first and not self._redelivered(*first[0], s):
                     yield Violation("queue-completed-not-rerun",
                                     f"task {task} started again after it completed",
-                                    [first[0], s])  # fmt: skip
+                                    [first[0][1], s])  # fmt: skip
                     break
 
-    def _redelivered(self, end: Record, start: Record) -> bool:
-        """Whether the completed run ``end``'s delivery may lawfully come back by ``start``."""
+    def _redelivered(self, ran: Record, end: Record, start: Record) -> bool:
+        """Whether the delivery of the completed run (``ran`` .. ``end``) may lawfully come back
+        by ``start``."""
         lo, hi = end["t"], start["t"]
         if any(k == "rollback" and lo < s < hi for k, _, s, _ in self.windows):
             return True
         node = end.get("node_pid", -1)
-        got = [r["t"] for r in self.by_op["q_received"] if r["pid"] == node and r["t"] <= lo]
-        since = max(got, default=float("-inf"))  # when this node got the delivery that completed
+        # the receipt that led to the completed run: the node's last receipt of this task before
+        # the run started (a copy received again while it ran, after a restore, is a later one)
+        got = [r["t"] for r in self.by_op["q_received"]
+               if r["pid"] == node and r["task"] == end["task"] and r["t"] <= ran["t"]]  # fmt: skip
+        since = max(got, default=float("-inf"))
         if any(end["task"] in r["tasks"] and r["pid"] == node and since <= r["t"] <= hi
                for r in self.by_op["q_restore"]):  # fmt: skip
             return True

@@ -286,3 +286,26 @@ def test_a_job_run_again_from_attempt_1_after_a_data_loss_is_another_attempt() -
         rec(17.6, "ack", S, job="k", attempt=1, fence=11),
     ]
     assert rules_of(twice) == ["claimed-once"]  # the same attempt (fence 9) claimed again
+
+
+def _rerun_in_the_same_child(restored_at: float) -> list[Record]:
+    """Node N got q at 0.9, its child W ran it from 1.0 to 2.0 (acked); kombu restored the
+    running task's delivery at ``restored_at``; the node received the copy again at 1.6 (with
+    another task after it) and the same child ran it after the first run completed."""
+    node = {"node": "q.1", "node_pid": N}
+    return [*clean(), rec(0.9, "q_received", N, task="q"),
+            rec(1.0, "exec_start", W, task="q", **node),
+            rec(restored_at, "q_restore", N, tasks=["q"]),
+            rec(1.6, "q_received", N, task="q"), rec(1.7, "q_received", N, task="other"),
+            rec(2.0, "exec_end", W, task="q", outcome="completed", **node),
+            rec(2.1, "q_ack", N, task="q"),
+            rec(2.2, "exec_start", W, task="q", **node),
+            rec(3.0, "exec_end", W, task="q", outcome="completed", **node)]  # fmt: skip
+
+
+def test_a_copy_restored_while_the_task_ran_may_run_again_after_it_completed() -> None:
+    # the receipt that led to the completed run is the last one before its start (0.9), not
+    # the node's last receipt before its end (the copy's, 1.6, or another task's, 1.7)
+    assert rules_of(_rerun_in_the_same_child(1.5)) == []
+    # restored before that receipt: the run's own delivery never came back
+    assert rules_of(_rerun_in_the_same_child(0.8)) == ["queue-completed-not-rerun"]
