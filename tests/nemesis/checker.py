@@ -258,6 +258,7 @@ class _Index:
         ends = [{**f, "state": f["status"]} for f in self.by_op["final"]]
         ends += [r for r in self.by_op["read"] if r["state"] in TERMINAL]
         flagged: set[tuple[str, int]] = set()
+        reruns = self._lawful_reruns()
         for f in ends:
             key = (f["job"], f["fence"])
             if key in flagged:
@@ -267,10 +268,15 @@ class _Index:
                     continue
                 same = r["fence"] == f["fence"] and r["state"] == f["state"]
                 resumed = f["state"] == "LOST" and r["fence"] > f["fence"]
+                # a queue's lawful redelivery of the completed task runs the id again (a new
+                # attempt under a newer fence): its own rule judges the rerun
+                rerun = r["fence"] > f["fence"] and any(
+                    f["t0"] <= t <= r["t0"] for t in reruns.get(f["job"], ())
+                )
                 # the final write may land from its start on; a terminal read may come from
                 # the reader's cache, filled up to cache_ttl before the read started
                 since = f["t0"] - (self.lim.cache_ttl if f["op"] == "read" else 0.0)
-                if same or resumed or self._data_lost(since, r["t"]):
+                if same or resumed or rerun or self._data_lost(since, r["t"]):
                     continue
                 flagged.add(key)
                 yield Violation("final-never-overwritten",
@@ -334,6 +340,18 @@ class _Index:
                                     f"task {task} started again after it completed",
                                     [first[0][1], s])  # fmt: skip
                     break
+
+    def _lawful_reruns(self) -> dict[str, list[float]]:
+        """The start times of each task's runs after it completed that its queue lawfully
+        delivered again (:meth:`_redelivered`)."""
+        out: dict[str, list[float]] = defaultdict(list)
+        for task, runs in self._executions().items():
+            done = [(s, e) for s, _, e in runs if e is not None and e["outcome"] == "completed"]
+            for s, _, _ in runs:
+                first = [(r, e) for r, e in done if e["t"] < s["t"]][:1]
+                if first and self._redelivered(*first[0], s):
+                    out[task].append(s["t"])
+        return out
 
     def _redelivered(self, ran: Record, end: Record, start: Record) -> bool:
         """Whether the delivery of the completed run (``ran`` .. ``end``) may lawfully come back

@@ -309,3 +309,22 @@ def test_a_copy_restored_while_the_task_ran_may_run_again_after_it_completed() -
     assert rules_of(_rerun_in_the_same_child(1.5)) == []
     # restored before that receipt: the run's own delivery never came back
     assert rules_of(_rerun_in_the_same_child(0.8)) == ["queue-completed-not-rerun"]
+
+
+def test_a_lawful_redelivery_of_a_completed_task_runs_the_id_again_as_a_new_attempt() -> None:
+    """The queue delivers a completed task again (kombu restored it): the new run acquires the
+    id under a newer fence and reads RUNNING, which is no final state overwritten; the same run
+    again without a lawful redelivery is named by both rules."""
+    job = [rec(1.05, "acquire", W, job="q", fence=30, attempt=1, t0=1.0),
+           rec(2.0, "final", W, job="q", fence=30, status="COMPLETED", t0=1.95),
+           rec(5.05, "acquire", W2, job="q", fence=31, attempt=2, t0=5.0),
+           read(6.0, "RUNNING", 31, 9, job="q"), rec(7.0, "final", W2, job="q", fence=31,
+           status="COMPLETED", t0=6.9), read(8.0, "COMPLETED", 31, 10, job="q")]  # fmt: skip
+    restored = rec(1.5, "q_restore", N, tasks=["q"])
+    got = rec(0.9, "q_received", N, task="q")
+    acked = rec(2.2, "q_ack", N, task="q")
+    assert rules_of(_queue(got, restored, acked, *job)) == []
+    assert rules_of(_queue(got, acked, *job)) == [
+        "final-never-overwritten",
+        "queue-completed-not-rerun",
+    ]
