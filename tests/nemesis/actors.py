@@ -24,7 +24,9 @@ Each prints ``ready`` once it runs and appends its operations to its own history
   own, and polls it with httpx: reader ``etag``, a plain ``GET /jobs/{id}`` of every job every
   0.2 s with ``If-None-Match`` (a 304 is recorded as the version it held); reader ``longpoll``,
   one task per job of ``GET /jobs/{id}?wait=2`` with ``If-None-Match`` (``given``: the version
-  it held). A version is the ``(fence, seq)`` of a 200's body; a 404 reads UNKNOWN.
+  it held). A version is the ``(fence, seq)`` of a 200's body; a 404 reads UNKNOWN, a 503
+  (Redis unreachable) is a ``read_error``; any other answer (a 500: the app's defect) ends the
+  process, which the run's ``actor-alive`` rule names.
 """
 
 from __future__ import annotations
@@ -254,6 +256,15 @@ async def watch_reader(cfg: dict[str, Any], hist: History) -> None:
         for job in jobs.jobs:
             if job not in tasks:
                 tasks[job] = asyncio.create_task(_follow(reader, hist, job))
+        _raise_failed(tasks)
+
+
+def _raise_failed(tasks: dict[str, asyncio.Task[None]]) -> None:
+    """Re-raise what a per-job task died of (not a Redis or HTTP fault: those it records): the
+    process then exits on its own, and the run's ``actor-alive`` rule names it."""
+    for task in tasks.values():
+        if task.done() and task.exception() is not None:
+            raise RuntimeError("a reader's task failed") from task.exception()
 
 
 async def _follow(reader: StatusReader, hist: History, job: str) -> None:
@@ -301,6 +312,9 @@ async def http_reader(cfg: dict[str, Any], hist: History) -> None:
                                            access_log=False, lifespan="off"))  # fmt: skip
     serving = asyncio.create_task(server.serve(sockets=[sock]))
     while not server.started:
+        if serving.done():  # it could not start: the harness reads no "ready"
+            await serving
+            raise RuntimeError("uvicorn did not start")
         await asyncio.sleep(0.05)
     base = f"http://127.0.0.1:{sock.getsockname()[1]}/jobs/"
     limits = httpx.Limits(max_connections=None, max_keepalive_connections=None)
@@ -317,6 +331,8 @@ async def http_reader(cfg: dict[str, Any], hist: History) -> None:
             for job in jobs.jobs:
                 if job not in polls:
                     polls[job] = asyncio.create_task(_long_polls(client, hist, job))
+            _raise_failed(polls)
+            for job in jobs.jobs:
                 if ended.get(job, 0) >= 3 or unknown.get(job, 0) >= 50:
                     continue
                 state = await _http_read(client, hist, job, "etag", held, None)
@@ -352,9 +368,11 @@ async def _http_read(client: httpx.AsyncClient, hist: History, job: str, kind: s
         held[job] = (response.headers["etag"], state, fence, seq)
     elif response.status_code == 404:
         state, fence, seq = "UNKNOWN", 0, 0
-    else:  # a Redis fault answered 503 (or a 500: a defect the read_error shows)
-        hist.add("read_error", job=job, reader=kind, error=f"HTTP {response.status_code}: "
-                 f"{response.text[:200]}")  # fmt: skip
+    else:  # 503: Redis unreachable; anything else is the app's defect
+        error = f"HTTP {response.status_code}: {response.text[:200]}"
+        hist.add("read_error", job=job, reader=kind, error=error)
+        if response.status_code != 503:  # the process ends: actor-alive names it
+            raise RuntimeError(f"GET /jobs/{job} ({kind}) answered {error}")
         return None
     hist.add("read", job=job, reader=kind, t0=t0, state=state, fence=fence, seq=seq,
              http=response.status_code, **given)  # fmt: skip
