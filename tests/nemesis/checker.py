@@ -286,11 +286,23 @@ class _Index:
                 break
 
     def reader_monotonic(self) -> Iterable[Violation]:
+        """Per reader process, reader kind and job, the ``read`` verdicts and the watch's
+        ``event`` records never go back to an earlier ``(fence, seq)``; and a read that was
+        given a version (``given``: the ETag an HTTP request sent in If-None-Match) never answers
+        an older one (a 304 answers the version given)."""
         best: dict[tuple[str, str, str], Record] = {}
-        for r in self.by_op["read"]:
+        reads = sorted(self.by_op["read"] + self.by_op["event"], key=lambda r: r["t"])
+        for r in reads:
             if r["state"] == "UNKNOWN":
                 continue
             key = (r["proc"], r.get("reader", ""), r["job"])
+            given = r.get("given")
+            if given is not None and (r["fence"], r["seq"]) < tuple(given):
+                yield Violation("reader-monotonic",
+                                f"reader {key[0]}/{key[1]} was given job {r['job']} at "
+                                f"(fence, seq) {tuple(given)} and answered the older "
+                                f"({r['fence']}, {r['seq']})", [r])  # fmt: skip
+                continue
             prev = best.get(key)
             if prev is not None and (r["fence"], r["seq"]) < (prev["fence"], prev["seq"]):
                 yield Violation("reader-monotonic",

@@ -11,8 +11,10 @@ Operations (the fields beside the common ones):
   worker saw it acknowledged), ``final`` (job, fence, status, t0; the final write returned),
   ``lease_lost`` (job, fence, cause), ``job_error`` (job, error), ``gil`` (start, end: the body
   held the GIL from ``start`` to ``end``);
-* reader: ``read`` (job, reader, t0, state, fence, seq; ``t`` is when the answer came),
-  ``read_error`` (job, error);
+* reader: ``read`` (job, reader, t0, state, fence, seq; ``t`` is when the answer came; an HTTP
+  read also ``http``: its status code, and ``given``: the ``[fence, seq]`` of the ETag it sent),
+  ``event`` (job, reader ``watch``, t0, kind, id, state, fence, seq, synthetic: one event a
+  watch yielded), ``read_error`` (job, reader, error);
 * sweeper: ``deliver`` (job, attempt, fence, checkpoint n or None), ``ack`` (job, attempt, fence);
 * queue (:mod:`tests.nemesis.celery_actor`): a node's main process ``q_received`` (task: a
   delivery), ``q_ack`` (task), ``q_restore`` (tasks: kombu put a closed channel's deliveries

@@ -238,6 +238,8 @@ class Harness:
                 self.actors.append(_Actor("celery-producer", "qproducer", self.topo.conn("reader")))
             self.actors.append(_Actor("async-reader", "reader-0", self.topo.conn("reader")))
             self.actors.append(_Actor("sync-reader", "reader-1", self.topo.conn("reader")))
+            self.actors.append(_Actor("watch-reader", "reader-2", self.topo.conn("reader")))
+            self.actors.append(_Actor("http-reader", "reader-3", self.topo.conn("reader")))
             for actor in self.actors:
                 self._spawn(actor)
             start = time.monotonic()

@@ -328,3 +328,31 @@ def test_a_lawful_redelivery_of_a_completed_task_runs_the_id_again_as_a_new_atte
         "final-never-overwritten",
         "queue-completed-not-rerun",
     ]
+
+
+def event(t: float, kind: str, fence: int, seq: int, job: str = "j") -> Record:
+    return rec(t, "event", R, job=job, reader="watch", t0=t - 0.1, kind=kind, id=f"{t}-0",
+               state="RUNNING", fence=fence, seq=seq, synthetic=False)  # fmt: skip
+
+
+def test_a_watch_that_yields_an_earlier_entry_after_a_later_one_breaks_reader_monotonic() -> None:
+    h = [*clean(), event(1.2, "start", 5, 1), event(2.2, "checkpoint", 5, 3)]
+    assert rules_of(h) == []
+    assert rules_of([*h, event(2.6, "beat", 5, 2)]) == ["reader-monotonic"]
+
+
+def test_a_stream_event_is_judged_by_reader_monotonic_only() -> None:
+    # history: an entry of fence 5 yielded after the claim set fence 10 and after j's final
+    late = [event(18.0, "beat", 9, 3, job="k"), event(6.0, "beat", 5, 6)]
+    assert rules_of(clean() + late) == []
+
+
+def test_a_long_poll_answering_older_than_the_etag_it_was_given_breaks_reader_monotonic() -> None:
+    lp = read(2.6, "RUNNING", 5, 2, reader="longpoll")
+    assert rules_of([*clean(), {**lp, "given": [5, 3]}]) == ["reader-monotonic"]
+    assert rules_of([*clean(), {**lp, "given": [5, 2]}]) == []  # a 304: the version given
+
+
+def test_each_reader_kind_of_one_process_is_judged_apart() -> None:
+    # the etag reader's (5, 2) after the cache reader's (5, 3): two readers, no order between
+    assert rules_of([*clean(), read(2.8, "RUNNING", 5, 2, reader="etag")]) == []
