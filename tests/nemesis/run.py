@@ -147,6 +147,14 @@ def _child_of(pid: int, mark: bytes) -> int | None:
     return next(iter(_children_of(pid, mark)), None)
 
 
+# A defect of Celery 5.7 / kombu 5.7 (not of jobpulse): after a Redis restart or rollback while an
+# acks_late task runs, the worker's main process logs this while kombu restores the broken
+# connection's deliveries, and exits (code 1). The harness restarts such a node, as a supervisor
+# (systemd, Kubernetes) would in production, and records its death; any other exit of a node is
+# a crash the run fails on (actor-alive).
+CELERY_UPSTREAM_EXIT = "object has no attribute 'hostname'"
+
+
 def _children_of(pid: int, mark: bytes) -> list[int]:
     """The pids of the children of ``pid`` whose command line holds ``mark``."""
     try:
@@ -188,6 +196,8 @@ class Harness:
         self.by_kind: dict[str, int] = {}  # faults injected (not skipped), by kind
         self.died: list[str] = []  # actors that exited on their own (a crash: a harness failure)
         self.sessions: list[int] = []  # the process groups of the Celery nodes ever started
+        self.children: dict[int, tuple[float, list[int]]] = {}  # node pid -> seen alive, children
+        self.restarted: list[str] = []  # Celery nodes restarted after the upstream defect
 
     # -- processes
     def _spawn(self, actor: _Actor) -> None:
@@ -199,10 +209,14 @@ class Harness:
         module, role, celery = "tests.nemesis.actors", actor.role, actor.role.startswith("celery-")
         if celery:  # in a session of its own: its pool children are killed with it at the end
             module, role = "tests.nemesis.celery_actor", role.removeprefix("celery-")
+        # a Celery node's log in a file (read when it exits: which defect ended it)
+        err = Path(self.dir, f"{cfg['proc']}.log").open("w") if celery else None  # noqa: SIM115
         proc = subprocess.Popen(
             [sys.executable, "-m", module, role, json.dumps(cfg)],
-            cwd=ROOT, stdout=subprocess.PIPE, text=True, start_new_session=celery,
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=err, text=True, start_new_session=celery,
         )  # fmt: skip
+        if err is not None:
+            err.close()
         assert proc.stdout is not None
         line = proc.stdout.readline()
         if not line.startswith("ready"):
@@ -219,6 +233,34 @@ class Harness:
         actor.proc.wait()
         self.hist.add("fault", kind="kill", target=actor.proc.pid, start=t, end=t)
         self._spawn(actor)
+
+    def _supervise(self) -> None:
+        """Restart a Celery node that the upstream defect ended (recorded as its death and its
+        pool children's: their runs ended there); note each live node's children."""
+        now = time.monotonic()
+        for actor in self.actors:
+            if actor.role != "celery-worker" or actor.proc is None:
+                continue
+            pid = actor.proc.pid
+            if actor.proc.poll() is None:
+                self.children[pid] = (now, _children_of(pid, b"celery_actor"))
+                continue
+            log_ = Path(self.dir, f"{actor.name}.{actor.generation}.log")
+            if CELERY_UPSTREAM_EXIT not in log_.read_text(errors="replace"):
+                continue  # a crash: actor-alive names it at the end
+            seen, children = self.children.pop(pid, (now, []))
+            for target in [pid, *children]:
+                self.hist.add("fault", kind="kill", target=target, start=seen, end=now,
+                              via="exit: Celery/kombu defect after a Redis restart")  # fmt: skip
+            self.restarted.append(f"{actor.name}.{actor.generation}")
+            if actor.proc.stdout is not None:
+                actor.proc.stdout.close()
+            self._spawn(actor)
+
+    def _sleep_until(self, when: float) -> None:
+        while (left := when - time.monotonic()) > 0:
+            time.sleep(min(left, 0.5))
+            self._supervise()
 
     # -- the run
     def run(self) -> list[Record]:
@@ -244,7 +286,7 @@ class Harness:
                 self._spawn(actor)
             start = time.monotonic()
             for fault in self.faults:
-                time.sleep(max(0.0, start + fault["at"] - time.monotonic()))
+                self._sleep_until(start + fault["at"])
                 skipped = self.skipped
                 self._inject(fault)
                 self.injected += 1
@@ -253,7 +295,7 @@ class Harness:
             self.hist.add("end_faults")
             # the settle time after the last fault even when faults ran late (a slow failover)
             end = max(start + self.seconds, time.monotonic() + settle_time())
-            time.sleep(max(0.0, end - time.monotonic()))
+            self._sleep_until(end)
             self.hist.add("end")
         finally:
             for actor in self.actors:
@@ -413,7 +455,8 @@ def run(seed: int, seconds: float, keep: str | None = None, *, topology: str | N
     history = h.run()
     violations = check(history, LIMITS)
     # an actor that crashed stops adding operations: its silence would hide what it missed
-    violations += [Violation("actor-alive", f"{name} exited on its own (its traceback is above)")
+    violations += [Violation("actor-alive", f"{name} exited on its own (its traceback is above, "
+                             "or in its .log in the history for a Celery node)")
                    for name in h.died]  # fmt: skip
     counts: dict[str, int] = {}
     for r in history:
@@ -433,6 +476,12 @@ def run(seed: int, seconds: float, keep: str | None = None, *, topology: str | N
              f"  operations checked: {ops} ({by_op})",
              f"  faults injected: {h.injected - h.skipped} of {h.injected} scheduled ({by_kind})",
              f"  violations: {len(violations)}"]  # fmt: skip
+    if h.restarted:
+        lines.insert(
+            -1,
+            f"  Celery nodes restarted after the Celery/kombu defect (not jobpulse's: "
+            f"docs/reliability.md): {len(h.restarted)} ({', '.join(h.restarted)})",
+        )
     by_rule: dict[str, list[Violation]] = {}
     for v in violations:
         by_rule.setdefault(v.rule, []).append(v)
