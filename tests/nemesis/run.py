@@ -249,8 +249,14 @@ class Harness:
             if CELERY_UPSTREAM_EXIT not in log_.read_text(errors="replace"):
                 continue  # a crash: actor-alive names it at the end
             seen, children = self.children.pop(pid, (now, []))
+            # When it died: its log's last write (the defect's message, just before the exit),
+            # not when it was last seen alive (no tick runs while a fault's duration is slept
+            # out: a death recorded that early made its child's later beats look like a dead
+            # worker's)
+            died = now - (time.time() - log_.stat().st_mtime)
+            died = min(max(died, seen), now)
             for target in [pid, *children]:
-                self.hist.add("fault", kind="kill", target=target, start=seen, end=now,
+                self.hist.add("fault", kind="kill", target=target, start=died, end=died,
                               via="exit: Celery/kombu defect after a Redis restart")  # fmt: skip
             self.restarted.append(f"{actor.name}.{actor.generation}")
             if actor.proc.stdout is not None:
