@@ -27,6 +27,9 @@ TERMINAL = frozenset({"COMPLETED", "FAILED", "CANCELLED", "LOST"})
 EXCUSE_STALE = frozenset({"stop", "gil", "blackhole", "restart", "rollback", "sleep",
                           "sidecar_kill", "failover"})  # fmt: skip
 DATA_LOSS = frozenset({"restart", "rollback", "failover"})
+# s: how long a node's record of a receipt or an acknowledgement may follow the event (the
+# record is written just after it, by the same thread)
+RECORD_LAG = 0.25
 
 RULES = (
     "live-never-stale",
@@ -69,7 +72,7 @@ class Violation:
 
     @property
     def jobs(self) -> set[str]:
-        return {r["job"] for r in self.records if "job" in r}
+        return {r[k] for r in self.records for k in ("job", "task") if k in r}
 
 
 def check(history: Sequence[Record], limits: Limits) -> list[Violation]:
@@ -102,6 +105,10 @@ class _Index:
             if f["kind"] == "kill":
                 self.killed.setdefault(f["target"], f["start"])
             self.windows.append((f["kind"], f["target"], f["start"], f["end"]))
+        # (when the RDB was saved, when the server restarted from it); a record without
+        # ``saved`` (an older history) took its RDB when the restart began
+        self.rollbacks = [(f.get("saved", f["start"]), f["start"]) for f in self.by_op["fault"]
+                          if f["kind"] == "rollback"]  # fmt: skip
         for g in self.by_op["gil"]:
             self.windows.append(("gil", g["pid"], g["start"], g["end"]))
         self.acquired: dict[tuple[str, int], Record] = {}
@@ -206,6 +213,9 @@ class _Index:
                 continue
             if self._data_lost(d["t"], self.end):
                 continue  # the claim was lost with the data: nothing is left to deliver
+            if any(a["fence"] > d["fence"] and a["t"] >= d["t"]
+                   for a in self.acquires.get(d["job"], ())):  # fmt: skip
+                continue  # a new attempt started (a queue's redelivery): it cleared the claim
             seen.add(key)
             yield Violation("delivered-until-acked",
                             f"the claim of attempt {d['attempt']} of job {d['job']} was never "
@@ -256,7 +266,9 @@ class _Index:
         that starts later (past the readers' cache) shows it: the same state under the same fence,
         or a later attempt after LOST. Only data lost on the server in between excuses it."""
         ends = [{**f, "state": f["status"]} for f in self.by_op["final"]]
-        ends += [r for r in self.by_op["read"] if r["state"] in TERMINAL]
+        # (a 304 is not a read of the server's state: it says that what the client held is not
+        # older than what the server holds, which after a data loss may be older still)
+        ends += [r for r in self.by_op["read"] if r["state"] in TERMINAL and r.get("http") != 304]
         flagged: set[tuple[str, int]] = set()
         reruns = self._lawful_reruns()
         for f in ends:
@@ -367,22 +379,28 @@ class _Index:
 
     def _redelivered(self, ran: Record, end: Record, start: Record) -> bool:
         """Whether the delivery of the completed run (``ran`` .. ``end``) may lawfully come back
-        by ``start``."""
+        by ``start``: it was put back on the queue after the receipt that led to the run."""
         lo, hi = end["t"], start["t"]
-        if any(k == "rollback" and lo < s < hi for k, _, s, _ in self.windows):
-            return True
-        node = end.get("node_pid", -1)
+        task, node = end["task"], end.get("node_pid", -1)
         # the receipt that led to the completed run: the node's last receipt of this task before
         # the run started (a copy received again while it ran, after a restore, is a later one)
         got = [r["t"] for r in self.by_op["q_received"]
-               if r["pid"] == node and r["task"] == end["task"] and r["t"] <= ran["t"]]  # fmt: skip
-        since = max(got, default=float("-inf"))
-        if any(end["task"] in r["tasks"] and r["pid"] == node and since <= r["t"] <= hi
-               for r in self.by_op["q_restore"]):  # fmt: skip
+               if r["pid"] == node and r["task"] == task and r["t"] <= ran["t"]]  # fmt: skip
+        since = max(got, default=ran["t"])
+        # kombu put a closed channel's deliveries back on the queue (a lost connection), this
+        # node's or another's that held a copy
+        if any(task in r["tasks"] and since <= r["t"] <= hi for r in self.by_op["q_restore"]):
             return True
-        acked = any(a["task"] == end["task"] and lo <= a["t"] <= hi for a in self.by_op["q_ack"])
-        killed = self.killed.get(end.get("node_pid", -1))
-        return not acked and killed is not None and lo - self.lim.grace <= killed <= hi
+        # the server went back to an RDB taken before the receipt or the acknowledgement and
+        # restarted after it: the message is back on the queue, or back in the unacked index
+        # (restored once its visibility timeout passed)
+        acks = [a["t"] for a in self.by_op["q_ack"] if a["task"] == task and lo <= a["t"] <= hi]
+        for saved, restarted in self.rollbacks:
+            if restarted < hi and any(saved <= t <= restarted + RECORD_LAG
+                                      for t in (since, *acks)):  # fmt: skip
+                return True
+        killed = self.killed.get(node)
+        return not acks and killed is not None and lo - self.lim.grace <= killed <= hi
 
     def _paused(self, pid: int, lo: float, hi: float) -> float:
         """The time of [lo, hi] out of every fault's reach: faults on ``pid`` (a stop, a GIL
@@ -478,7 +496,8 @@ def report(seed: int, schedule: Sequence[Record], history: Sequence[Record],
         r.get("target") for r in violation.records if "target" in r
     }
     part = [r for r in history if lo <= r["t"] <= hi and (
-        r.get("job") in jobs or r["op"] == "fault" or r["pid"] in pids)]  # fmt: skip
+        r.get("job") in jobs or r.get("task") in jobs or jobs & set(r.get("tasks", ()))
+        or r["op"] == "fault" or r["pid"] in pids)]  # fmt: skip
     lines = [f"VIOLATION {violation.rule}: {violation.message}",
              f"  seed {seed} (replay: python -m tests.nemesis --seed {seed} ...)",
              "  fault schedule (offset s, kind, target slot, seconds):"]  # fmt: skip

@@ -18,11 +18,13 @@ Operations (the fields beside the common ones):
 * sweeper: ``deliver`` (job, attempt, fence, checkpoint n or None), ``ack`` (job, attempt, fence);
 * queue (:mod:`tests.nemesis.celery_actor`): a node's main process ``q_received`` (task: a
   delivery), ``q_ack`` (task), ``q_restore`` (tasks: kombu put a closed channel's deliveries
-  back on the queue); a pool child ``exec_start`` / ``exec_end`` (task, node, node_pid,
+  back on the queue), ``q_expired`` (task: a node's scan put back a delivery past its
+  visibility timeout); a pool child ``exec_start`` / ``exec_end`` (task, node, node_pid,
   outcome ``completed`` or the exception's name), ``no_heartbeat`` (task: jobpulse could not take
   the lease, the body did nothing) and the job's records as a worker's; the producer ``q_send``;
 * harness: ``spawn`` (role, child), ``fault`` (kind, target: a pid, ``"redis"`` or ``"net"``,
-  start, end), ``schedule`` (seed, faults), ``end_faults``, ``dump`` (job, state, fence, seq,
+  start, end; a ``rollback`` also ``saved``: when the RDB it restarted from was taken),
+  ``schedule`` (seed, faults), ``end_faults``, ``dump`` (job, state, fence, seq,
   checkpoints: the ``n`` of every checkpoint entry in the job's stream after the run).
 """
 

@@ -258,10 +258,34 @@ def test_a_completed_task_may_run_again_only_if_its_delivery_came_back() -> None
     assert rules_of(_queue(got, dict(restored, tasks=["other"]), acked)) == [
         "queue-completed-not-rerun"
     ]
-    assert rules_of(_queue(got, dict(restored, pid=N + 1), acked)) == ["queue-completed-not-rerun"]
-    # the server back on an RDB taken before the acknowledgement
-    assert rules_of(_queue(acked, fault("rollback", "redis", 3.0, 3.1))) == []
-    assert rules_of(_queue(acked, fault("rollback", "redis", 0.5, 0.6))) == [
+    # another node that held a copy put it back: the copy may run again too
+    assert rules_of(_queue(got, dict(restored, pid=N + 1), acked)) == []
+    # a restore before the receipt that led to the run put back an earlier copy, not this one
+    assert rules_of(_queue(got, dict(restored, t=0.8), acked)) == ["queue-completed-not-rerun"]
+
+
+def _rollback(saved: float, restarted: float) -> Record:
+    return dict(fault("rollback", "redis", restarted, restarted + 0.1), saved=saved)
+
+
+def test_a_rollback_that_undid_the_receipt_or_the_ack_lets_the_task_run_again() -> None:
+    acked = rec(2.2, "q_ack", N, task="q")
+    got = rec(0.9, "q_received", N, task="q")
+    # the server back on an RDB taken before the acknowledgement: the delivery is unacked again
+    assert rules_of(_queue(got, acked, _rollback(2.0, 3.0))) == []
+    # ... taken before the receipt and restarted while the task ran: the message is back on the
+    # queue (the CI failure of stop 31: the node received the copy and ran it once the first
+    # run completed)
+    assert rules_of(_queue(got, acked, _rollback(0.8, 1.5))) == []
+    # an RDB taken after the acknowledgement, or one the server went back to after the rerun
+    # started, undid neither
+    assert rules_of(_queue(got, acked, _rollback(2.5, 3.0))) == ["queue-completed-not-rerun"]
+    assert rules_of(_queue(got, acked, _rollback(0.8, 5.5))) == ["queue-completed-not-rerun"]
+    # an RDB taken after the receipt and before the acknowledgement, restarted before the
+    # acknowledgement: neither undone
+    assert rules_of(_queue(got, acked, _rollback(1.2, 1.5))) == ["queue-completed-not-rerun"]
+    # an older history's rollback record has no ``saved``: the RDB taken when the restart began
+    assert rules_of(_queue(got, acked, fault("rollback", "redis", 3.0, 3.1))) == [
         "queue-completed-not-rerun"
     ]
 
@@ -356,3 +380,29 @@ def test_a_long_poll_answering_older_than_the_etag_it_was_given_breaks_reader_mo
 def test_each_reader_kind_of_one_process_is_judged_apart() -> None:
     # the etag reader's (5, 2) after the cache reader's (5, 3): two readers, no order between
     assert rules_of([*clean(), read(2.8, "RUNNING", 5, 2, reader="etag")]) == []
+
+
+def test_a_claim_cleared_by_a_new_attempt_need_not_be_delivered_again() -> None:
+    """A new acquire (a queue's redelivery) clears an unacknowledged claim (claim.lua): nothing
+    is left to deliver (seed 62288250: Celery ran the task again before the next redelivery)."""
+    h = clean() + BROKEN["delivered-until-acked"]
+    again = rec(23.0, "acquire", W, job="j2", fence=3, attempt=2, t0=22.9)
+    assert rules_of([*h, again]) == []
+    # an acquire before the delivery, or under an older fence, clears nothing
+    assert rules_of([*h, dict(again, t=20.5)]) == ["delivered-until-acked"]
+    assert rules_of([*h, dict(again, fence=1)]) == ["delivered-until-acked"]
+
+
+def test_a_304_after_a_data_loss_is_no_read_of_the_final_state() -> None:
+    """After a rollback took back j's final write, an ETag request that held COMPLETED gets a 304
+    (the server's version is not newer) and a cached reader shows RUNNING again: the 304 is the
+    client's own copy, not a final state read after the loss (seed 62288250)."""
+    lost = [
+        fault("rollback", "redis", 4.5, 4.6),
+        read(6.0, "RUNNING", 5, 5, reader="b"),
+        {**read(5.2, "COMPLETED", 5, 6, reader="etag"), "http": 304, "given": [5, 6]},
+    ]
+    h = [r for r in clean() if not (r["op"] == "read" and r["state"] == "COMPLETED")]
+    assert rules_of([*h, *lost[:2]]) == []
+    assert rules_of([*h, *lost]) == []
+    assert rules_of([*h, *lost[:2], {**lost[2], "http": 200}]) == ["final-never-overwritten"]

@@ -155,6 +155,8 @@ class Single(Topology):
             self.server.restart()
             record("restart", "redis")
         elif kind == "rollback":
+            # (when the RDB was taken: before SAVE runs, so that every write it may miss is after)
+            ctx["fields"] = {"saved": time.monotonic()}
             with redis.Redis(port=self.server.port) as c:
                 c.save()  # the RDB the restart will load: everything written after it is lost
             time.sleep(d)
