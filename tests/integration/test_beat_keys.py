@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 import redis
 import redis.asyncio as aioredis
 from redis.asyncio.cluster import RedisCluster
@@ -204,17 +202,6 @@ async def test_a_worker_re_takes_an_expired_lease_through_the_resend(
 async def _fence_back(client: AnyRedis, keys: JobKeys) -> None:
     while await client.get(keys.fence) is None:
         await asyncio.sleep(0.02)
-
-
-@pytest.fixture
-def sync_client(redis_url: str, ns: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url, socket_timeout=2.0)
-    try:
-        yield client
-    finally:
-        for key in client.scan_iter(match=f"{ns}:*", count=1000):
-            client.delete(key)
-        client.close()
 
 
 def test_the_thread_ticker_re_takes_an_expired_lease_through_the_resend(

@@ -8,7 +8,6 @@ import multiprocessing
 import signal
 import threading
 import time
-from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
@@ -24,17 +23,6 @@ from jobpulse.sync import StatusReader, heartbeat
 
 from ..support import spawn_ready, stop
 from . import sidecar_clients, work
-
-
-@pytest.fixture
-def sync_client(redis_url: str, ns: str) -> Iterator[redis.Redis]:
-    client = redis.Redis.from_url(redis_url, socket_timeout=2.0)
-    try:
-        yield client
-    finally:
-        for key in client.scan_iter(match=f"{ns}:*", count=1000):
-            client.delete(key)
-        client.close()
 
 
 def test_spawn_pool_job_completes_with_every_item(sync_client: redis.Redis, ns: str) -> None:
