@@ -202,7 +202,13 @@ def render(quick: bool = False) -> Path:
     img = folder / "img" if quick else IMG
     img_ref = "img"
     out = folder / "benchmarks.md" if quick else DOCS
-    machine = next((r["machine"] for r in found.values() if "machine" in r), {})
+    # the newest run's machine; the page also says which sections come from older runs
+    runs = sorted((r for r in found.values() if "machine" in r),
+                  key=lambda r: str(r["machine"].get("date")))  # fmt: skip
+    machine = runs[-1]["machine"] if runs else {}
+    by_date: dict[str, list[str]] = {}
+    for r in runs:
+        by_date.setdefault(str(r["machine"].get("date")), []).append(str(r.get("name")))
     if "goals19" in found:  # its table also shows the read, reader and progress rows
         from . import goals28
         from .goals_report import merge
@@ -238,6 +244,10 @@ def render(quick: bool = False) -> Path:
         "",
         *_machine(machine),
     ]
+    if len(by_date) > 1:
+        lines += ["The benchmarks' runs (each section's figures come from one run):", ""]
+        lines += [f"- {date}: {', '.join(names_)}" for date, names_ in sorted(by_date.items())]
+        lines.append("")
     if quick:
         lines += ["> **Quick run**: short windows, smoke-test numbers only.", ""]
 
