@@ -263,6 +263,8 @@ async def _run(redis_url: str, quick: bool) -> dict[str, Any]:
         # Each scenario starts from a collected heap (the previous one's garbage is not its
         # cost; the collections its own allocations trigger stay in its figures).
         fresh = _collected
+        watchers, events = (100, 30) if quick else (1000, 300)
+        pollers = 2_000 if quick else 10_000
         return {
             "machine": {
                 "python": platform.python_version(),
@@ -272,12 +274,15 @@ async def _run(redis_url: str, quick: bool) -> dict[str, Any]:
             },
             "get_latency": await fresh(bench_get(client, 1000 if quick else 20_000)),
             "pollers": await fresh(
-                bench_pollers(client, 10_000, 100, 3.0 if quick else 10.0, 0.05)
+                bench_pollers(client, pollers, 100, 1.5 if quick else 10.0, 0.05)
             ),
-            "fanout_floor_before": await fresh(bench_fanout_floor(1000, 300)),
-            "watch_1000_on_100_jobs": await fresh(bench_watch(redis_url, client, 1000, 100, 300)),
-            "watch_1000_on_1_job": await fresh(bench_watch(redis_url, client, 1000, 1, 300)),
-            "fanout_floor_after": await fresh(bench_fanout_floor(1000, 300)),
+            # (--quick, CI's smoke run: a tenth of the watchers and events)
+            "fanout_floor_before": await fresh(bench_fanout_floor(watchers, events)),
+            "watch_1000_on_100_jobs": await fresh(
+                bench_watch(redis_url, client, watchers, 100, events)
+            ),
+            "watch_1000_on_1_job": await fresh(bench_watch(redis_url, client, watchers, 1, events)),
+            "fanout_floor_after": await fresh(bench_fanout_floor(watchers, events)),
         }
     finally:
         await client.aclose()
