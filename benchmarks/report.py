@@ -261,7 +261,18 @@ def render(quick: bool = False) -> Path:
         lines += _table({"title": "Goals", "columns": ["benchmark", "goal", "result"],
                          "rows": summary})  # fmt: skip
 
-    losses = [(found[n].get("title", n), f) for n in names for f in found[n].get("findings", [])]
+    newest = str(machine.get("date"))
+
+    def older(r: dict[str, Any]) -> str | None:
+        """The date of ``r``'s run when it is older than the page's newest run."""
+        date = str((r.get("machine") or {}).get("date", newest))
+        return date if len(by_date) > 1 and date != newest else None
+
+    losses = []
+    for n in names:
+        when = older(found[n])
+        tag = f" (run of {when}: it may predate later changes)" if when else ""
+        losses += [(found[n].get("title", n) + tag, f) for f in found[n].get("findings", [])]
     if losses:
         lines += ["## Where jobpulse loses, and why", ""]
         lines += [f"- **{title}**: {text}" for title, text in losses]
@@ -272,6 +283,11 @@ def render(quick: bool = False) -> Path:
         lines += [f"## {r.get('title', n)}", ""]
         if r.get("issue"):
             lines += [f"*Issue {r['issue']} · `python -m benchmarks --only {n}`*", ""]
+        when = older(r)
+        if when:
+            lines += [f"> The run of {when}, older than this page's newest ({newest}): its "
+                      "figures and prose may predate later changes (`python -m benchmarks "
+                      f"--only {n}` measures it again).", ""]  # fmt: skip
         lines += [f"**Method.** {r.get('method', '')}", ""]
         for t in r.get("tables", []):
             lines += _table(t)
