@@ -70,15 +70,21 @@ async def test_a_sync_task_sees_current_and_its_progress_is_live_then_completed(
     live = await eventually(advancing, within=20)  # the CLI worker imports, then starts
     assert (live.kind, live.stage, live.total) == ("sync_progress", "crunch", 40)
 
+    # taskiq saves the result first, then (post_save) jobpulse writes the final state: a reader
+    # that saw the result sees the final state a moment later, never before it
+    async def ended(task_id: str) -> Any:
+        s = await reader.get(task_id)
+        return s if s.state is not JobState.RUNNING else None
+
     result = await task.wait_result(timeout=15)
     assert (result.is_err, result.return_value) == (False, {"items": 40, "job_id": task.task_id})
-    done = await reader.get(task.task_id)
+    done = await eventually(lambda: ended(task.task_id), within=5)
     assert (done.state, done.done, done.total, done.attempt) == (JobState.COMPLETED, 40, 40, 1)
 
     other = await cli_worker("async_progress", counter, 10)  # an async task, same worker
     result = await other.wait_result(timeout=15)
     assert (result.is_err, result.return_value) == (False, {"items": 10})
-    assert (await reader.get(other.task_id)).state is JobState.COMPLETED
+    assert (await eventually(lambda: ended(other.task_id), within=5)).state is JobState.COMPLETED
     assert int(await redis.get(counter) or 0) == 2
 
 
